@@ -1,0 +1,122 @@
+"""Settings for the example project, read from the environment with django-environ.
+
+DATABASE_URL picks the store: sqlite:///queue.db (default), postgres://..., mysql://...
+"""
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env(
+    DEBUG=(bool, False),
+    ALLOWED_HOSTS=(list, ["localhost", "127.0.0.1", "[::1]"]),
+)
+environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
+
+SECRET_KEY = env("SECRET_KEY", default="insecure-dev-key-change-me-in-production")
+DEBUG = env("DEBUG")
+ALLOWED_HOSTS = env("ALLOWED_HOSTS")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "queue_app",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "jobqueue_project.urls"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+WSGI_APPLICATION = "jobqueue_project.wsgi.application"
+
+
+def _database(url):
+    db = environ.Env.db_url_config(url)
+    engine = db["ENGINE"]
+    options = db.setdefault("OPTIONS", {})
+    if engine.endswith("sqlite3"):
+        # Several worker processes share one file: WAL lets readers run beside the
+        # writer, IMMEDIATE takes the write lock at BEGIN so a claim never has to
+        # upgrade a read lock (the cause of SQLITE_BUSY deadlocks), and the timeout
+        # makes writers queue instead of failing.
+        options.setdefault("transaction_mode", "IMMEDIATE")
+        options.setdefault("timeout", 30)
+        options.setdefault(
+            "init_command",
+            "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=30000;",
+        )
+        name = str(db.get("NAME") or "queue.db")
+        if name != ":memory:" and not Path(name).is_absolute():
+            name = str(BASE_DIR / name)
+        db["NAME"] = name
+        db["TEST"] = {"NAME": env("SQLITE_TEST_NAME", default=str(BASE_DIR / "test_queue.db"))}
+    elif engine.endswith("mysql"):
+        options.setdefault("charset", "utf8mb4")
+        # READ COMMITTED: a claim must see rows committed by other workers, and
+        # gap locks from REPEATABLE READ would serialise concurrent claims.
+        options.setdefault("isolation_level", "read committed")
+    db.setdefault("CONN_MAX_AGE", 0)
+    return db
+
+
+DATABASES = {"default": _database(env("DATABASE_URL", default="sqlite:///queue.db"))}
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+
+# The queue's own knobs; every key is optional (defaults in queue_app/conf.py).
+JOBQUEUE = {
+    "LEASE_SECONDS": env.float("JOBQUEUE_LEASE_SECONDS", default=30.0),
+    "AGING_INTERVAL": env.float("JOBQUEUE_AGING_INTERVAL", default=30.0),
+    "DEFAULT_MAX_ATTEMPTS": env.int("JOBQUEUE_DEFAULT_MAX_ATTEMPTS", default=3),
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {"queue_app": {"handlers": ["console"], "level": env("JOBQUEUE_LOG_LEVEL", default="INFO")}},
+}

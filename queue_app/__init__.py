@@ -1,0 +1,14 @@
+"""jobqueue: a durable, database-backed job queue for Django."""
+
+
+def __getattr__(name):
+    # Lazy so that importing queue_app (e.g. in settings) does not touch the app registry.
+    if name in {"enqueue", "bulk_enqueue", "EnqueueRequest"}:
+        from queue_app import enqueueing as api_python
+
+        return getattr(api_python, name)
+    if name == "handler":
+        from queue_app.registry import handler
+
+        return handler
+    raise AttributeError(name)

@@ -1,0 +1,12 @@
+from django.apps import AppConfig
+
+
+class QueueAppConfig(AppConfig):
+    name = "queue_app"
+    verbose_name = "Job queue"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self):
+        from queue_app import registry
+
+        registry.load_configured_handlers()

@@ -1,0 +1,74 @@
+"""The queue's settings, with defaults.
+
+A project overrides any of them in its settings module::
+
+    JOBQUEUE = {
+        "LEASE_SECONDS": 60,
+        "AGING_INTERVAL": 0,     # disable priority aging
+    }
+
+This is the only module that reads ``django.conf.settings`` for the queue; everything
+else asks ``queue_app.conf.settings``. Values reload when a test overrides settings.
+"""
+from django.core.signals import setting_changed
+
+DEFAULTS = {
+    # Queue a job lands in when enqueue() is not told otherwise.
+    "DEFAULT_QUEUE": "default",
+    # Attempts a job gets unless enqueue() says otherwise.
+    "DEFAULT_MAX_ATTEMPTS": 3,
+    # Seconds a claim holds a job before another worker may recover it.
+    "LEASE_SECONDS": 30.0,
+    # Seconds of waiting that earn a ready job one point of priority; 0 disables aging.
+    "AGING_INTERVAL": 30.0,
+    # Retry delay: BACKOFF_BASE ** attempt seconds, capped, optionally jittered.
+    "BACKOFF_BASE": 2.0,
+    "BACKOFF_MAX_SECONDS": 3600.0,
+    "BACKOFF_JITTER": False,
+    # Per-job execution limit when a job sets none; None means no limit.
+    "DEFAULT_TIMEOUT": None,
+    # Bounds that enqueue() enforces before anything is written.
+    "MAX_PAYLOAD_BYTES": 1024 * 1024,
+    "MAX_ATTEMPTS_LIMIT": 1000,
+    "MAX_TIMEOUT_SECONDS": 7 * 24 * 3600,
+    "MAX_BATCH": 1000,
+    # Rows per INSERT in bulk_enqueue (stays below SQLite's variable limit).
+    "BULK_BATCH_SIZE": 500,
+    # kind -> "dotted.path.to.callable", merged into the handler registry at start-up.
+    "HANDLERS": {},
+}
+
+
+class QueueSettings:
+    """Attribute access to JOBQUEUE settings that falls back to DEFAULTS."""
+
+    def __init__(self, defaults):
+        self._defaults = defaults
+        self._cache = {}
+
+    @property
+    def _user(self):
+        from django.conf import settings as django_settings
+
+        return getattr(django_settings, "JOBQUEUE", {}) or {}
+
+    def __getattr__(self, name):
+        if name not in self._defaults:
+            raise AttributeError(f"Invalid JOBQUEUE setting: {name!r}")
+        if name not in self._cache:
+            self._cache[name] = self._user.get(name, self._defaults[name])
+        return self._cache[name]
+
+    def reload(self):
+        self._cache.clear()
+
+
+settings = QueueSettings(DEFAULTS)
+
+
+def _reload(*, setting, **kwargs):
+    if setting == "JOBQUEUE":
+        settings.reload()
+
+
+setting_changed.connect(_reload)

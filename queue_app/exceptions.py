@@ -1,0 +1,35 @@
+"""Errors the queue raises to its callers."""
+
+
+class QueueError(Exception):
+    """Base class for the queue's errors."""
+
+
+class InvalidJob(QueueError, ValueError):
+    """Input to enqueue (or an edit) was refused; nothing was written."""
+
+    def __init__(self, message, field=None):
+        super().__init__(message)
+        self.field = field
+
+
+class InvalidTransition(QueueError):
+    """The job is not in a state this edge starts from."""
+
+    def __init__(self, job_id, state, action):
+        super().__init__(f"job {job_id} is {state}; cannot {action}")
+        self.job_id = job_id
+        self.state = state
+        self.action = action
+
+
+class JobNotFound(QueueError, LookupError):
+    def __init__(self, job_id):
+        super().__init__(f"job {job_id} does not exist")
+        self.job_id = job_id
+
+
+class UnknownKind(QueueError, LookupError):
+    def __init__(self, kind):
+        super().__init__(f"no handler registered for kind {kind!r}")
+        self.kind = kind

@@ -1,0 +1,224 @@
+"""The claim query, one per database vendor. Called only from transitions.claim().
+
+Why it is written this way. Ready jobs lease by effective priority, then run_at,
+created_at, id (see ordering.py). Without aging one index scan would do, but aging
+makes the sort key depend on ``now``, which no index can hold. What an index *can*
+give cheaply is, for each priority level, its ready jobs oldest first: inside one
+level the oldest job has the highest effective priority. So the claim:
+
+1. finds the priority levels that have pending jobs with a loose index scan
+   (one index seek per level, not a scan of the backlog);
+2. takes, per level (and per queue when the worker serves named queues), the
+   ``scan`` oldest ready jobs: one index range seek each, bounded by ``scan``;
+3. orders that small candidate set by the full key and leases the first ``limit``.
+
+Step 2 reads at most levels x queues x scan rows however long the backlog is. The
+top ``limit`` jobs overall are always among those candidates, so the order is exact.
+``scan`` is larger than ``limit`` so that concurrent claimers who skip each other's
+locked rows still find work.
+
+Vendors:
+- PostgreSQL: one statement. The candidate and lock steps are MATERIALIZED CTEs so
+  the planner cannot fold them into the UPDATE and re-run the LIMIT per row (the
+  reason Oban's engine writes it this way). FOR UPDATE SKIP LOCKED sits after the
+  sort, so each claimer takes the best rows nobody else holds.
+- MariaDB: a short READ COMMITTED transaction: DISTINCT on the index prefix (loose
+  index scan), one UNION of per-level seeks, then SELECT ... FOR UPDATE SKIP LOCKED
+  on those ids and an UPDATE by primary key. MariaDB has no UPDATE ... RETURNING.
+- SQLite: one UPDATE ... WHERE id IN (SELECT ... LIMIT n) RETURNING id inside an
+  IMMEDIATE transaction: writers are serialised by the database lock, so no row
+  locks are needed.
+"""
+from queue_app.models import State
+
+TABLE = "queue_app_job"
+
+
+def claim(connection, *, owner, limit, now, expires, queues=None, kinds=None, aging_us=0):
+    """Lease up to ``limit`` ready jobs to ``owner``; return their ids."""
+    scan = max(2 * limit, limit + 16)
+    vendor = connection.vendor
+    if vendor == "postgresql":
+        return _claim_postgresql(connection, owner, limit, scan, now, expires, queues, kinds, aging_us)
+    if vendor == "mysql":
+        return _claim_mysql(connection, owner, limit, scan, now, expires, queues, kinds, aging_us)
+    if vendor == "sqlite":
+        return _claim_sqlite(connection, owner, limit, scan, now, expires, queues, kinds, aging_us)
+    raise NotImplementedError(f"jobqueue does not support the {vendor} database")
+
+
+def _adapt(connection, value):
+    return connection.ops.adapt_datetimefield_value(value)
+
+
+# Shared by the vendors: what a claim writes to each leased row.
+_SET = (
+    "state = 'leased', lease_owner = %s, lease_expires_at = %s, "
+    "attempts = attempts + 1, started_at = COALESCE(started_at, %s)"
+)
+
+
+def _claim_postgresql(connection, owner, limit, scan, now, expires, queues, kinds, aging_us):
+    params = []
+    queue_join = ""
+    queue_cond = ""
+    if queues:
+        queue_join = "CROSS JOIN unnest(%s::text[]) AS q(name)"
+        params.append(list(queues))
+        queue_cond = "AND j.queue_name = q.name"
+    kind_cond = ""
+    lateral_params = [now]
+    if kinds:
+        kind_cond = "AND j.kind = ANY(%s::text[])"
+        lateral_params.append(list(kinds))
+    lateral_params.append(scan)
+    if aging_us:
+        eff = (
+            "j.priority + ((extract(epoch FROM (%s::timestamptz - j.run_at)) * 1000000)::bigint"
+            " / %s::bigint)"
+        )
+        eff_params = [now, aging_us]
+    else:
+        eff, eff_params = "j.priority", []
+    sql = f"""
+    WITH RECURSIVE levels(p) AS (
+        (SELECT priority FROM {TABLE} WHERE state = 'pending' ORDER BY priority DESC LIMIT 1)
+        UNION ALL
+        SELECT (SELECT j.priority FROM {TABLE} j
+                WHERE j.state = 'pending' AND j.priority < l.p
+                ORDER BY j.priority DESC LIMIT 1)
+        FROM levels l WHERE l.p IS NOT NULL
+    ),
+    candidates AS MATERIALIZED (
+        SELECT c.id FROM levels l {queue_join}
+        CROSS JOIN LATERAL (
+            SELECT j.id FROM {TABLE} j
+            WHERE j.state = 'pending' AND j.priority = l.p AND j.run_at <= %s
+                  {queue_cond} {kind_cond}
+            ORDER BY j.run_at, j.created_at, j.id
+            LIMIT %s
+        ) c
+        WHERE l.p IS NOT NULL
+    ),
+    picked AS MATERIALIZED (
+        SELECT j.id FROM {TABLE} j
+        WHERE j.id IN (SELECT id FROM candidates) AND j.state = 'pending'
+        ORDER BY {eff} DESC, j.run_at, j.created_at, j.id
+        LIMIT %s
+        FOR UPDATE SKIP LOCKED
+    )
+    UPDATE {TABLE} SET {_SET}
+    FROM picked WHERE {TABLE}.id = picked.id
+    RETURNING {TABLE}.id
+    """
+    params = params + lateral_params + eff_params + [limit, owner, expires, now]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return [row[0] for row in cursor.fetchall()]
+
+
+def _claim_mysql(connection, owner, limit, scan, now, expires, queues, kinds, aging_us):
+    now_db = _adapt(connection, now)
+    with connection.cursor() as cursor:
+        # Loose index scan over (state, priority, ...): one seek per level.
+        cursor.execute(f"SELECT DISTINCT priority FROM {TABLE} WHERE state = 'pending'")
+        levels = [row[0] for row in cursor.fetchall()]
+        if not levels:
+            return []
+        parts, params = [], []
+        for level in levels:
+            for queue in queues or [None]:
+                cond = "state = 'pending' AND priority = %s AND run_at <= %s"
+                p = [level, now_db]
+                if queue is not None:
+                    cond += " AND queue_name = %s"
+                    p.append(queue)
+                if kinds:
+                    cond += f" AND kind IN ({', '.join(['%s'] * len(kinds))})"
+                    p.extend(kinds)
+                parts.append(
+                    f"(SELECT id FROM {TABLE} WHERE {cond} ORDER BY run_at, created_at, id LIMIT %s)"
+                )
+                params.extend(p + [scan])
+        cursor.execute(" UNION ALL ".join(parts), params)
+        candidates = [row[0] for row in cursor.fetchall()]
+        if not candidates:
+            return []
+        if aging_us:
+            eff = "priority + (TIMESTAMPDIFF(MICROSECOND, run_at, %s) DIV %s)"
+            eff_params = [now_db, aging_us]
+        else:
+            eff, eff_params = "priority", []
+        cursor.execute(
+            f"SELECT id FROM {TABLE} WHERE id IN ({', '.join(['%s'] * len(candidates))})"
+            f" AND state = 'pending' AND run_at <= %s"
+            f" ORDER BY {eff} DESC, run_at, created_at, id LIMIT %s FOR UPDATE SKIP LOCKED",
+            candidates + [now_db] + eff_params + [limit],
+        )
+        ids = [row[0] for row in cursor.fetchall()]
+        if ids:
+            cursor.execute(
+                f"UPDATE {TABLE} SET {_SET} WHERE id IN ({', '.join(['%s'] * len(ids))})",
+                [owner, _adapt(connection, expires), now_db] + ids,
+            )
+        return ids
+
+
+# Whole microseconds since the epoch of a datetime column as SQLite stores it
+# ('YYYY-MM-DD HH:MM:SS[.ffffff]'); integer arithmetic keeps aging boundaries exact.
+def _sqlite_us(expr):
+    return f"(CAST(strftime('%%s', {expr}) AS INTEGER) * 1000000 + CAST(substr({expr} || '.000000', 21, 6) AS INTEGER))"
+
+
+def _claim_sqlite(connection, owner, limit, scan, now, expires, queues, kinds, aging_us):
+    now_db = _adapt(connection, now)
+    params = []
+    queue_from, queue_cond = "", ""
+    if queues:
+        queue_from = ", (" + " UNION ALL ".join(["SELECT %s AS name"] * len(queues)) + ") AS q"
+        params.extend(queues)
+        queue_cond = "AND k.queue_name = q.name"
+    kind_cond = ""
+    inner = [now_db]
+    if kinds:
+        kind_cond = f"AND k.kind IN ({', '.join(['%s'] * len(kinds))})"
+        inner.extend(kinds)
+    inner.append(scan)
+    if aging_us:
+        eff = f"j.priority + (({_sqlite_us('%s')} - {_sqlite_us('j.run_at')}) / %s)"
+        eff_params = [now_db, now_db, aging_us]
+    else:
+        eff, eff_params = "j.priority", []
+    sql = f"""
+    WITH RECURSIVE levels(p) AS (
+        SELECT (SELECT priority FROM {TABLE} WHERE state = 'pending' ORDER BY priority DESC LIMIT 1)
+        UNION ALL
+        SELECT (SELECT k.priority FROM {TABLE} k
+                WHERE k.state = 'pending' AND k.priority < levels.p
+                ORDER BY k.priority DESC LIMIT 1)
+        FROM levels WHERE levels.p IS NOT NULL
+    )
+    UPDATE {TABLE} SET {_SET}
+    WHERE id IN (
+        SELECT j.id FROM {TABLE} j
+        WHERE j.id IN (
+            SELECT k.id FROM levels {queue_from}
+            JOIN {TABLE} k ON k.id IN (
+                SELECT k2.id FROM {TABLE} k2
+                WHERE k2.state = 'pending' AND k2.priority = levels.p AND k2.run_at <= %s
+                      {queue_cond.replace('k.', 'k2.')} {kind_cond.replace('k.', 'k2.')}
+                ORDER BY k2.run_at, k2.created_at, k2.id
+                LIMIT %s
+            )
+            WHERE levels.p IS NOT NULL
+        )
+        ORDER BY {eff} DESC, j.run_at, j.created_at, j.id
+        LIMIT %s
+    )
+    RETURNING id
+    """
+    # Placeholders in text order: the SET clause comes before the subqueries.
+    params = [owner, _adapt(connection, expires), now_db] + params + inner + eff_params + [limit]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return [row[0] for row in cursor.fetchall()]

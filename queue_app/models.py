@@ -1,0 +1,186 @@
+"""The queue's tables: Job, its append-only Event log, and DeadLetter.
+
+Only ``queue_app.transitions`` changes ``Job.state`` or writes Event and DeadLetter rows.
+The claim query's indexes are vendor-specific and live in migration 0002.
+"""
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+PRIORITY_MIN = -100
+PRIORITY_MAX = 100
+IDEMPOTENCY_KEY_MAX_LENGTH = 255
+KIND_MAX_LENGTH = 200
+QUEUE_NAME_MAX_LENGTH = 100
+
+
+class State(models.TextChoices):
+    # Waiting to be claimed; ready once run_at has passed. Also where retries wait.
+    PENDING = "pending"
+    # Claimed by a worker whose lease runs until lease_expires_at.
+    LEASED = "leased"
+    # The handler returned; result holds its value. Terminal.
+    COMPLETED = "completed"
+    # The attempt budget is spent; a DeadLetter row says why. Requeue brings it back.
+    DEAD_LETTER = "dead_letter", "Dead letter"
+    # Stopped by an operator before it completed. Terminal.
+    CANCELLED = "cancelled"
+
+
+class EventType(models.TextChoices):
+    ENQUEUED = "enqueued"
+    CLAIMED = "claimed"
+    COMPLETED = "completed"
+    # An attempt failed and the job went back to pending for a retry at run_at.
+    FAILED = "failed"
+    # An attempt failed (or its lease lapsed) with no attempts left.
+    DEAD_LETTERED = "dead_lettered", "Dead-lettered"
+    # A lapsed lease was taken back; metadata says whether it went to pending or dead_letter.
+    RECOVERED = "recovered"
+    REQUEUED = "requeued"
+    CANCELLED = "cancelled"
+    # A pending job's run_at moved to now by an operator ("retry now").
+    RESCHEDULED = "rescheduled"
+    PRIORITY_CHANGED = "priority_changed"
+    PAYLOAD_CHANGED = "payload_changed"
+    # A worker gave back a claimed job it did not start (shutdown); no attempt consumed.
+    RELEASED = "released"
+
+
+class JobQuerySet(models.QuerySet):
+    def pending(self):
+        return self.filter(state=State.PENDING)
+
+    def ready(self, now=None):
+        return self.filter(state=State.PENDING, run_at__lte=now or timezone.now())
+
+    def scheduled(self, now=None):
+        return self.filter(state=State.PENDING, run_at__gt=now or timezone.now())
+
+    def leased(self):
+        return self.filter(state=State.LEASED)
+
+    def expired(self, now=None):
+        return self.filter(state=State.LEASED, lease_expires_at__lt=now or timezone.now())
+
+    def completed(self):
+        return self.filter(state=State.COMPLETED)
+
+    def dead(self):
+        return self.filter(state=State.DEAD_LETTER)
+
+    def cancelled(self):
+        return self.filter(state=State.CANCELLED)
+
+    def retrying(self):
+        """Pending jobs that have failed at least once."""
+        return self.filter(state=State.PENDING, attempts__gt=0)
+
+
+class Job(models.Model):
+    id = models.BigAutoField(primary_key=True)
+    kind = models.CharField(max_length=KIND_MAX_LENGTH)
+    queue_name = models.CharField(max_length=QUEUE_NAME_MAX_LENGTH, default="default")
+    payload = models.JSONField(default=dict, blank=True)
+    priority = models.SmallIntegerField(default=0)
+    run_at = models.DateTimeField(default=timezone.now)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    max_attempts = models.PositiveIntegerField(default=3)
+    idempotency_key = models.CharField(
+        max_length=IDEMPOTENCY_KEY_MAX_LENGTH, null=True, blank=True, unique=True
+    )
+    lease_owner = models.CharField(max_length=255, null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    result = models.JSONField(null=True, blank=True)
+    last_error = models.JSONField(null=True, blank=True)
+    timeout = models.FloatField(null=True, blank=True, help_text="Seconds; empty for the default.")
+
+    objects = JobQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [models.Index(fields=["state", "kind"], name="jq_job_state_kind")]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(priority__gte=PRIORITY_MIN) & Q(priority__lte=PRIORITY_MAX),
+                name="jq_job_priority_range",
+            ),
+            models.CheckConstraint(condition=Q(attempts__gte=0), name="jq_job_attempts_nonneg"),
+            models.CheckConstraint(condition=Q(max_attempts__gte=1), name="jq_job_max_attempts_pos"),
+            models.CheckConstraint(condition=Q(state__in=State.values), name="jq_job_state_valid"),
+            # A leased job always knows its owner and deadline; no other state has them.
+            models.CheckConstraint(
+                condition=(
+                    Q(state=State.LEASED, lease_owner__isnull=False, lease_expires_at__isnull=False)
+                    | (~Q(state=State.LEASED) & Q(lease_owner__isnull=True, lease_expires_at__isnull=True))
+                ),
+                name="jq_job_lease_iff_leased",
+            ),
+        ]
+
+    def __str__(self):
+        return f"#{self.id} {self.kind} ({self.state})"
+
+    @property
+    def status(self):
+        """The state as views show it: a pending job that has failed before is retrying."""
+        if self.state == State.PENDING and self.attempts > 0:
+            return "retrying"
+        if self.state == State.PENDING and self.run_at > timezone.now():
+            return "scheduled"
+        return self.state
+
+
+class Event(models.Model):
+    """One row per transition; never updated or deleted except with its job (prune)."""
+
+    id = models.BigAutoField(primary_key=True)
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    type = models.CharField(max_length=32, choices=EventType.choices)
+    at = models.DateTimeField(default=timezone.now)
+    attempt = models.PositiveIntegerField(default=0)
+    worker = models.CharField(max_length=255, blank=True, default="")
+    from_state = models.CharField(max_length=16, blank=True, default="")
+    to_state = models.CharField(max_length=16, blank=True, default="")
+    message = models.TextField(blank=True, default="")
+    metadata = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["type", "at"], name="jq_event_type_at")]
+
+    def __str__(self):
+        return f"{self.type} #{self.job_id} @{self.at:%Y-%m-%d %H:%M:%S.%f}"
+
+
+class DeadLetterQuerySet(models.QuerySet):
+    def unresolved(self):
+        return self.filter(resolved_at__isnull=True)
+
+
+class DeadLetter(models.Model):
+    """Why a job ran out of attempts. Kept after requeue (resolved_at set) as history."""
+
+    id = models.BigAutoField(primary_key=True)
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="dead_letters")
+    kind = models.CharField(max_length=KIND_MAX_LENGTH)
+    payload = models.JSONField(default=dict, blank=True)
+    attempts = models.PositiveIntegerField()
+    error = models.JSONField(null=True, blank=True)
+    reason = models.CharField(max_length=32, default="failed")
+    created_at = models.DateTimeField(default=timezone.now)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    resolution = models.CharField(max_length=32, blank=True, default="")
+
+    objects = DeadLetterQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [models.Index(fields=["resolved_at", "created_at"], name="jq_dead_resolved")]
+
+    def __str__(self):
+        return f"dead letter #{self.id} for job #{self.job_id}"

@@ -1,0 +1,479 @@
+"""The state machine: one function per edge, each one transaction that changes the
+job and appends exactly one Event row. Nothing else writes Job.state, Event or DeadLetter.
+
+    edge              from                 to                      event
+    enqueue           (new)                pending                 enqueued
+    claim             pending (ready)      leased                  claimed
+    complete          leased*              completed               completed
+    fail              leased*              pending (retry)         failed
+                      leased*              dead_letter             dead_lettered
+    release           leased*              pending                 released   (not started; attempt given back)
+    recover           leased, expired      pending | dead_letter   recovered
+    requeue           dead_letter|cancelled pending                requeued
+    cancel            pending | leased     cancelled              cancelled
+    retry_now         pending              pending (run_at=now)    rescheduled
+    change_priority   pending|dead_letter  (same)                  priority_changed
+    change_payload    pending|dead_letter  (same)                  payload_changed
+
+    * worker-owned: the UPDATE also matches lease_owner and the attempt number, a
+      fencing token. A worker whose lease lapsed and was recovered (or re-claimed, even
+      by itself) matches nothing, changes nothing, and is told so by the return value.
+"""
+import logging
+from datetime import timedelta
+
+from django.db import IntegrityError, connections, router, transaction
+from django.utils import timezone
+
+from queue_app import backoff, leasing, ordering, validation
+from queue_app.conf import settings
+from queue_app.exceptions import InvalidTransition, JobNotFound
+from queue_app.models import DeadLetter, Event, EventType, Job, State
+
+log = logging.getLogger("queue_app")
+
+_UNSET = object()
+
+
+def _db(using=None):
+    return using or router.db_for_write(Job)
+
+
+def _event(job_id, type_, now, *, from_state="", to_state="", attempt=0, worker="", message="", metadata=None):
+    return Event(
+        job_id=job_id,
+        type=type_,
+        at=now,
+        from_state=from_state,
+        to_state=to_state,
+        attempt=attempt,
+        worker=worker or "",
+        message=message,
+        metadata=metadata or {},
+    )
+
+
+# --- enqueue -------------------------------------------------------------------------
+
+
+def _new_job(req, now):
+    return Job(
+        kind=req.kind,
+        payload=req.payload,
+        queue_name=req.queue_name,
+        priority=req.priority,
+        run_at=req.run_at or now,
+        max_attempts=req.max_attempts,
+        idempotency_key=req.idempotency_key,
+        timeout=req.timeout,
+        created_at=now,
+    )
+
+
+def _enqueued_event(job, now):
+    return _event(
+        job.id,
+        EventType.ENQUEUED,
+        now,
+        to_state=State.PENDING,
+        metadata={"queue": job.queue_name, "priority": job.priority, "run_at": job.run_at.isoformat()},
+    )
+
+
+def enqueue(req, *, using=None):
+    """Insert a validated EnqueueRequest; return (job, created).
+
+    With an idempotency key the database's unique index decides: of concurrent
+    enqueues with one key exactly one inserts, the others get that job back.
+    """
+    db = _db(using)
+    now = timezone.now()
+    with transaction.atomic(using=db):
+        if req.idempotency_key is not None:
+            existing = Job.objects.using(db).filter(idempotency_key=req.idempotency_key).first()
+            if existing is not None:
+                return existing, False
+        job = _new_job(req, now)
+        try:
+            # A savepoint so that losing the race leaves the caller's transaction usable.
+            with transaction.atomic(using=db):
+                job.save(using=db, force_insert=True)
+                _enqueued_event(job, now).save(using=db, force_insert=True)
+        except IntegrityError:
+            if req.idempotency_key is None:
+                raise
+            existing = Job.objects.using(db).filter(idempotency_key=req.idempotency_key).first()
+            if existing is None:
+                raise
+            return existing, False
+    log.debug("enqueued id=%s kind=%s queue=%s", job.id, job.kind, job.queue_name)
+    return job, True
+
+
+def bulk_enqueue(reqs, *, using=None):
+    """Insert many validated requests in one transaction; return the jobs in order.
+
+    Requests with an idempotency key go one by one (each may match an existing job);
+    the rest are inserted with multi-row INSERTs.
+    """
+    db = _db(using)
+    now = timezone.now()
+    out = [None] * len(reqs)
+    size = settings.BULK_BATCH_SIZE
+    with transaction.atomic(using=db):
+        plain = []
+        for i, req in enumerate(reqs):
+            if req.idempotency_key is not None:
+                out[i], _ = enqueue(req, using=db)
+            else:
+                plain.append((i, _new_job(req, now)))
+        for start in range(0, len(plain), size):
+            chunk = plain[start : start + size]
+            jobs = Job.objects.using(db).bulk_create([job for _, job in chunk])
+            if any(job.pk is None for job in jobs):
+                raise RuntimeError("the database did not return ids for a bulk insert")
+            Event.objects.using(db).bulk_create([_enqueued_event(job, now) for job in jobs])
+            for (i, _), job in zip(chunk, jobs):
+                out[i] = job
+    return out
+
+
+# --- worker-owned edges ------------------------------------------------------------------
+
+
+def claim(worker_id, *, limit=1, queues=None, kinds=None, lease_seconds=None, aging=None, using=None):
+    """Lease up to ``limit`` ready jobs to ``worker_id``; return them in lease order."""
+    validation.batch_size(limit)
+    db = _db(using)
+    connection = connections[db]
+    lease = float(settings.LEASE_SECONDS if lease_seconds is None else lease_seconds)
+    aging = float(settings.AGING_INTERVAL if aging is None else aging)
+    if queues and "*" in queues:
+        queues = None
+    now = timezone.now()
+    expires = now + timedelta(seconds=lease)
+    with transaction.atomic(using=db):
+        ids = leasing.claim(
+            connection,
+            owner=worker_id,
+            limit=limit,
+            now=now,
+            expires=expires,
+            queues=list(queues) if queues else None,
+            kinds=list(kinds) if kinds else None,
+            aging_us=ordering.aging_microseconds(aging),
+        )
+        if not ids:
+            return []
+        jobs = list(Job.objects.using(db).filter(id__in=ids))
+        Event.objects.using(db).bulk_create(
+            [
+                _event(
+                    job.id,
+                    EventType.CLAIMED,
+                    now,
+                    from_state=State.PENDING,
+                    to_state=State.LEASED,
+                    attempt=job.attempts,
+                    worker=worker_id,
+                    metadata={"lease_expires_at": expires.isoformat()},
+                )
+                for job in jobs
+            ]
+        )
+    jobs.sort(key=lambda j: ordering.sort_key(j, now, aging))
+    return jobs
+
+
+def _owned(db, job_id, worker_id, attempt):
+    return Job.objects.using(db).filter(
+        id=job_id, state=State.LEASED, lease_owner=worker_id, attempts=attempt
+    )
+
+
+def _lost(job_id, worker_id, attempt, action):
+    log.warning(
+        "lease lost id=%s worker=%s attempt=%s: %s refused (recovered, cancelled or re-claimed)",
+        job_id, worker_id, attempt, action,
+    )
+
+
+def complete(job_id, *, worker_id, attempt, result=None, using=None):
+    """Mark a leased job completed; return False if this worker no longer holds it."""
+    result = validation.payload(result, "result")
+    db = _db(using)
+    now = timezone.now()
+    with transaction.atomic(using=db):
+        changed = _owned(db, job_id, worker_id, attempt).update(
+            state=State.COMPLETED,
+            finished_at=now,
+            result=result,
+            lease_owner=None,
+            lease_expires_at=None,
+        )
+        if not changed:
+            _lost(job_id, worker_id, attempt, "complete")
+            return False
+        _event(
+            job_id, EventType.COMPLETED, now,
+            from_state=State.LEASED, to_state=State.COMPLETED, attempt=attempt, worker=worker_id,
+        ).save(using=db)
+    return True
+
+
+def error_info(exc, tb_text=""):
+    """The JSON shape stored for a failed attempt."""
+    cls = type(exc)
+    return {
+        "type": f"{cls.__module__}.{cls.__qualname__}" if cls.__module__ != "builtins" else cls.__qualname__,
+        "message": str(exc),
+        "traceback": tb_text,
+    }
+
+
+def _dead_letter_row(job, now, error, reason):
+    return DeadLetter(
+        job_id=job.id, kind=job.kind, payload=job.payload, attempts=job.attempts,
+        error=error, reason=reason, created_at=now,
+    )
+
+
+def fail(job_id, *, worker_id, attempt, error, retry=True, retry_delay=None, using=None):
+    """Record a failed attempt: back to pending with backoff, or to dead_letter when the
+    budget is spent (or ``retry`` is False). Return the new state, or None if this worker
+    no longer holds the job."""
+    db = _db(using)
+    now = timezone.now()
+    error = validation.payload(error, "error")
+    with transaction.atomic(using=db):
+        job = _owned(db, job_id, worker_id, attempt).select_for_update().first()
+        if job is None:
+            _lost(job_id, worker_id, attempt, "fail")
+            return None
+        message = (error or {}).get("message", "") if isinstance(error, dict) else str(error)
+        if retry and job.attempts < job.max_attempts:
+            seconds = retry_delay if retry_delay is not None else backoff.delay(
+                job.attempts,
+                base=settings.BACKOFF_BASE,
+                cap=settings.BACKOFF_MAX_SECONDS,
+                jitter=settings.BACKOFF_JITTER,
+            )
+            run_at = now + timedelta(seconds=seconds)
+            Job.objects.using(db).filter(id=job.id).update(
+                state=State.PENDING, run_at=run_at, last_error=error,
+                lease_owner=None, lease_expires_at=None,
+            )
+            _event(
+                job.id, EventType.FAILED, now,
+                from_state=State.LEASED, to_state=State.PENDING, attempt=attempt, worker=worker_id,
+                message=message, metadata={"error": error, "retry_at": run_at.isoformat(), "delay": seconds},
+            ).save(using=db)
+            return State.PENDING
+        Job.objects.using(db).filter(id=job.id).update(
+            state=State.DEAD_LETTER, finished_at=now, last_error=error,
+            lease_owner=None, lease_expires_at=None,
+        )
+        reason = "failed" if retry else "not_retryable"
+        _dead_letter_row(job, now, error, reason).save(using=db)
+        _event(
+            job.id, EventType.DEAD_LETTERED, now,
+            from_state=State.LEASED, to_state=State.DEAD_LETTER, attempt=attempt, worker=worker_id,
+            message=message, metadata={"error": error, "reason": reason},
+        ).save(using=db)
+        return State.DEAD_LETTER
+
+
+def release(job_id, *, worker_id, attempt, using=None):
+    """Give back a claimed job this worker did not start; the attempt is not consumed."""
+    db = _db(using)
+    now = timezone.now()
+    with transaction.atomic(using=db):
+        changed = _owned(db, job_id, worker_id, attempt).update(
+            state=State.PENDING, attempts=attempt - 1, lease_owner=None, lease_expires_at=None
+        )
+        if not changed:
+            _lost(job_id, worker_id, attempt, "release")
+            return False
+        _event(
+            job_id, EventType.RELEASED, now,
+            from_state=State.LEASED, to_state=State.PENDING, attempt=attempt, worker=worker_id,
+        ).save(using=db)
+    return True
+
+
+def renew(job_ids, *, worker_id, lease_seconds=None, using=None):
+    """Extend this worker's leases (a heartbeat, not a transition: no event).
+
+    Return the ids still held; a missing id means the lease was lost.
+    """
+    db = _db(using)
+    lease = float(settings.LEASE_SECONDS if lease_seconds is None else lease_seconds)
+    now = timezone.now()
+    with transaction.atomic(using=db):
+        held = Job.objects.using(db).filter(id__in=list(job_ids), state=State.LEASED, lease_owner=worker_id)
+        ids = set(held.values_list("id", flat=True))
+        if ids:
+            Job.objects.using(db).filter(id__in=ids, state=State.LEASED, lease_owner=worker_id).update(
+                lease_expires_at=now + timedelta(seconds=lease)
+            )
+    return ids
+
+
+def recover(*, limit=500, now=None, using=None):
+    """Take back leases past their deadline: each consumes its attempt and goes to
+    pending, or to dead_letter when none are left. Return [(id, new_state)]."""
+    db = _db(using)
+    now = now or timezone.now()
+    out = []
+    with transaction.atomic(using=db):
+        qs = Job.objects.using(db).expired(now).order_by("lease_expires_at", "id")
+        if connections[db].features.has_select_for_update_skip_locked:
+            # Two workers recovering at once split the work instead of waiting on each other.
+            qs = qs.select_for_update(skip_locked=True)
+        jobs = list(qs[:limit])
+        if not jobs:
+            return out
+        events, letters, back, dead = [], [], [], []
+        for job in jobs:
+            error = {
+                "type": "LeaseExpired",
+                "message": f"lease held by {job.lease_owner} expired at {job.lease_expires_at.isoformat()}",
+                "traceback": "",
+            }
+            to = State.PENDING if job.attempts < job.max_attempts else State.DEAD_LETTER
+            (back if to == State.PENDING else dead).append(job.id)
+            if to == State.DEAD_LETTER:
+                letters.append(_dead_letter_row(job, now, error, "lease_expired"))
+            events.append(
+                _event(
+                    job.id, EventType.RECOVERED, now,
+                    from_state=State.LEASED, to_state=to, attempt=job.attempts, worker=job.lease_owner,
+                    message=error["message"], metadata={"error": error},
+                )
+            )
+            out.append((job.id, to))
+        lapsed = {"id__in": back + dead, "state": State.LEASED, "lease_expires_at__lt": now}
+        if back:
+            Job.objects.using(db).filter(**{**lapsed, "id__in": back}).update(
+                state=State.PENDING, run_at=now, lease_owner=None, lease_expires_at=None,
+            )
+        if dead:
+            Job.objects.using(db).filter(**{**lapsed, "id__in": dead}).update(
+                state=State.DEAD_LETTER, finished_at=now, lease_owner=None, lease_expires_at=None,
+            )
+            DeadLetter.objects.using(db).bulk_create(letters)
+        Event.objects.using(db).bulk_create(events)
+    for job_id, to in out:
+        log.warning("recovered id=%s state=%s", job_id, to)
+    return out
+
+
+# --- operator edges ------------------------------------------------------------------------
+
+
+def _locked(db, job_id, allowed, action):
+    job = Job.objects.using(db).select_for_update().filter(id=job_id).first()
+    if job is None:
+        raise JobNotFound(job_id)
+    if job.state not in allowed:
+        raise InvalidTransition(job_id, job.state, action)
+    return job
+
+
+def requeue(job_id, *, payload=_UNSET, max_attempts=None, actor="", using=None):
+    """Send a dead-lettered (or cancelled) job back to pending with a fresh budget."""
+    if payload is not _UNSET:
+        payload = validation.payload(payload)
+    if max_attempts is not None:
+        max_attempts = validation.max_attempts(max_attempts)
+    db = _db(using)
+    now = timezone.now()
+    with transaction.atomic(using=db):
+        job = _locked(db, job_id, {State.DEAD_LETTER, State.CANCELLED}, "requeue")
+        changes = {"state": State.PENDING, "attempts": 0, "run_at": now, "finished_at": None, "result": None}
+        meta = {"previous_attempts": job.attempts}
+        if payload is not _UNSET:
+            changes["payload"] = payload
+            meta["payload_replaced"] = True
+            meta["previous_payload"] = job.payload
+        if max_attempts is not None:
+            changes["max_attempts"] = max_attempts
+            meta["previous_max_attempts"] = job.max_attempts
+        Job.objects.using(db).filter(id=job.id).update(**changes)
+        DeadLetter.objects.using(db).filter(job_id=job.id, resolved_at__isnull=True).update(
+            resolved_at=now, resolution="requeued"
+        )
+        _event(
+            job.id, EventType.REQUEUED, now,
+            from_state=job.state, to_state=State.PENDING, worker=actor, metadata=meta,
+        ).save(using=db)
+    job.refresh_from_db(using=db)
+    return job
+
+
+def cancel(job_id, *, actor="", reason="", using=None):
+    """Cancel a pending job, or a leased one (its worker's result will be refused).
+
+    The idempotency key is released, so the same key can enqueue a fresh job.
+    """
+    db = _db(using)
+    now = timezone.now()
+    with transaction.atomic(using=db):
+        job = _locked(db, job_id, {State.PENDING, State.LEASED}, "cancel")
+        Job.objects.using(db).filter(id=job.id).update(
+            state=State.CANCELLED, finished_at=now, lease_owner=None, lease_expires_at=None,
+            idempotency_key=None,
+        )
+        _event(
+            job.id, EventType.CANCELLED, now,
+            from_state=job.state, to_state=State.CANCELLED, attempt=job.attempts, worker=actor,
+            message=reason,
+            metadata={"idempotency_key": job.idempotency_key, "lease_owner": job.lease_owner},
+        ).save(using=db)
+    job.refresh_from_db(using=db)
+    return job
+
+
+def retry_now(job_id, *, actor="", using=None):
+    """Make a scheduled or retrying job ready now."""
+    db = _db(using)
+    now = timezone.now()
+    with transaction.atomic(using=db):
+        job = _locked(db, job_id, {State.PENDING}, "retry now")
+        Job.objects.using(db).filter(id=job.id).update(run_at=now)
+        _event(
+            job.id, EventType.RESCHEDULED, now, from_state=job.state, to_state=job.state,
+            worker=actor, metadata={"previous_run_at": job.run_at.isoformat()},
+        ).save(using=db)
+    job.refresh_from_db(using=db)
+    return job
+
+
+def change_priority(job_id, priority, *, actor="", using=None):
+    priority = validation.priority(priority)
+    db = _db(using)
+    now = timezone.now()
+    with transaction.atomic(using=db):
+        job = _locked(db, job_id, {State.PENDING, State.DEAD_LETTER}, "change priority")
+        Job.objects.using(db).filter(id=job.id).update(priority=priority)
+        _event(
+            job.id, EventType.PRIORITY_CHANGED, now, from_state=job.state, to_state=job.state,
+            worker=actor, metadata={"from": job.priority, "to": priority},
+        ).save(using=db)
+    job.refresh_from_db(using=db)
+    return job
+
+
+def change_payload(job_id, payload, *, actor="", using=None):
+    payload = validation.payload(payload)
+    db = _db(using)
+    now = timezone.now()
+    with transaction.atomic(using=db):
+        job = _locked(db, job_id, {State.PENDING, State.DEAD_LETTER}, "edit payload")
+        Job.objects.using(db).filter(id=job.id).update(payload=payload)
+        _event(
+            job.id, EventType.PAYLOAD_CHANGED, now, from_state=job.state, to_state=job.state,
+            worker=actor, metadata={"previous_payload": job.payload},
+        ).save(using=db)
+    job.refresh_from_db(using=db)
+    return job

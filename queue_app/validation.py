@@ -1,0 +1,181 @@
+"""Checks on what callers hand the queue, done before anything is written.
+
+Every refusal is an InvalidJob that names the field and says what to fix.
+"""
+import json
+import math
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from numbers import Real
+
+from django.utils import timezone
+
+from queue_app.conf import settings
+from queue_app.exceptions import InvalidJob
+from queue_app.models import (
+    IDEMPOTENCY_KEY_MAX_LENGTH,
+    KIND_MAX_LENGTH,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    QUEUE_NAME_MAX_LENGTH,
+)
+
+NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:\-]*$")
+# Farther than this is a typo, not a schedule.
+MAX_SCHEDULE_AHEAD = timedelta(days=3650)
+
+ENQUEUE_FIELDS = (
+    "queue_name",
+    "priority",
+    "run_at",
+    "run_after",
+    "max_attempts",
+    "idempotency_key",
+    "timeout",
+)
+
+
+@dataclass(frozen=True)
+class EnqueueRequest:
+    """A validated job, ready to insert."""
+
+    kind: str
+    payload: object
+    queue_name: str
+    priority: int
+    run_at: datetime | None
+    max_attempts: int
+    idempotency_key: str | None
+    timeout: float | None
+
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def name(value, field, max_length):
+    if not isinstance(value, str) or not value:
+        raise InvalidJob(f"{field} must be a non-empty string", field)
+    if len(value) > max_length:
+        raise InvalidJob(f"{field} is {len(value)} characters; the limit is {max_length}", field)
+    if not NAME_RE.match(value):
+        raise InvalidJob(
+            f"{field} {value!r} may hold only letters, digits and _ . : - (and not start with . : -)",
+            field,
+        )
+    return value
+
+
+def payload(value, field="payload"):
+    try:
+        encoded = json.dumps(value, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise InvalidJob(f"{field} is not JSON-serializable: {exc}", field) from None
+    size = len(encoded.encode())
+    if size > settings.MAX_PAYLOAD_BYTES:
+        raise InvalidJob(
+            f"{field} is {size} bytes of JSON; the limit is {settings.MAX_PAYLOAD_BYTES}", field
+        )
+    # Store what JSON gives back (tuples become lists), so the job holds what a reader sees.
+    return json.loads(encoded)
+
+
+def priority(value):
+    if not _is_int(value):
+        raise InvalidJob(f"priority must be an integer, got {value!r}", "priority")
+    if not PRIORITY_MIN <= value <= PRIORITY_MAX:
+        raise InvalidJob(
+            f"priority {value} is out of range {PRIORITY_MIN}..{PRIORITY_MAX}", "priority"
+        )
+    return value
+
+
+def max_attempts(value):
+    if not _is_int(value):
+        raise InvalidJob(f"max_attempts must be an integer, got {value!r}", "max_attempts")
+    limit = settings.MAX_ATTEMPTS_LIMIT
+    if not 1 <= value <= limit:
+        raise InvalidJob(f"max_attempts {value} is out of range 1..{limit}", "max_attempts")
+    return value
+
+
+def seconds(value, field, *, maximum, allow_zero=False):
+    """A duration as a timedelta or a number of seconds; return float seconds."""
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
+        raise InvalidJob(f"{field} must be a number of seconds or a timedelta, got {value!r}", field)
+    if value < 0 or (value == 0 and not allow_zero):
+        raise InvalidJob(f"{field} must be {'>= 0' if allow_zero else '> 0'}, got {value}", field)
+    if value > maximum:
+        raise InvalidJob(f"{field} {value}s is more than the limit of {maximum:.0f}s", field)
+    return float(value)
+
+
+def run_at(value, now):
+    if not isinstance(value, datetime):
+        raise InvalidJob(f"run_at must be a datetime, got {value!r}", "run_at")
+    if timezone.is_naive(value):
+        raise InvalidJob("run_at must be timezone-aware (e.g. datetime.now(UTC))", "run_at")
+    if value - now > MAX_SCHEDULE_AHEAD:
+        raise InvalidJob(f"run_at {value.isoformat()} is more than 10 years ahead", "run_at")
+    return value
+
+
+def idempotency_key(value):
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise InvalidJob("idempotency_key must be a non-empty string", "idempotency_key")
+    if len(value) > IDEMPOTENCY_KEY_MAX_LENGTH:
+        raise InvalidJob(
+            f"idempotency_key is {len(value)} characters; the limit is {IDEMPOTENCY_KEY_MAX_LENGTH}",
+            "idempotency_key",
+        )
+    return value
+
+
+def enqueue_request(kind, payload_value=None, /, now=None, **options):
+    """Validate enqueue() arguments and return an EnqueueRequest."""
+    unknown = sorted(set(options) - set(ENQUEUE_FIELDS))
+    if unknown:
+        raise InvalidJob(
+            f"unknown field(s): {', '.join(unknown)}; allowed: kind, payload, {', '.join(ENQUEUE_FIELDS)}",
+            unknown[0],
+        )
+    now = now or timezone.now()
+    when = options.get("run_at")
+    after = options.get("run_after")
+    if when is not None and after is not None:
+        raise InvalidJob("give run_at or run_after, not both", "run_at")
+    if when is not None:
+        when = run_at(when, now)
+    elif after is not None:
+        if isinstance(after, datetime):
+            raise InvalidJob(
+                "run_after is a delay (seconds or a timedelta); use run_at for a datetime", "run_after"
+            )
+        when = now + timedelta(
+            seconds=seconds(after, "run_after", maximum=MAX_SCHEDULE_AHEAD.total_seconds(), allow_zero=True)
+        )
+    timeout = options.get("timeout")
+    if timeout is not None:
+        timeout = seconds(timeout, "timeout", maximum=settings.MAX_TIMEOUT_SECONDS)
+    attempts = options.get("max_attempts")
+    return EnqueueRequest(
+        kind=name(kind, "kind", KIND_MAX_LENGTH),
+        payload=payload({} if payload_value is None else payload_value),
+        queue_name=name(options.get("queue_name") or settings.DEFAULT_QUEUE, "queue_name", QUEUE_NAME_MAX_LENGTH),
+        priority=priority(options.get("priority", 0) if options.get("priority") is not None else 0),
+        run_at=when,
+        max_attempts=max_attempts(settings.DEFAULT_MAX_ATTEMPTS if attempts is None else attempts),
+        idempotency_key=idempotency_key(options.get("idempotency_key")),
+        timeout=timeout,
+    )
+
+
+def batch_size(value, field="limit"):
+    if not _is_int(value) or not 1 <= value <= settings.MAX_BATCH:
+        raise InvalidJob(f"{field} must be an integer in 1..{settings.MAX_BATCH}, got {value!r}", field)
+    return value
