@@ -141,7 +141,7 @@ def bulk_enqueue(reqs, *, using=None):
 # --- worker-owned edges ------------------------------------------------------------------
 
 
-def claim(worker_id, *, limit=1, queues=None, kinds=None, lease_seconds=None, aging=None, using=None):
+def claim(worker_id, *, limit=1, queues=None, kinds=None, lease_seconds=None, aging=None, now=None, using=None):
     """Lease up to ``limit`` ready jobs to ``worker_id``; return them in lease order."""
     validation.batch_size(limit)
     db = _db(using)
@@ -150,7 +150,7 @@ def claim(worker_id, *, limit=1, queues=None, kinds=None, lease_seconds=None, ag
     aging = float(settings.AGING_INTERVAL if aging is None else aging)
     if queues and "*" in queues:
         queues = None
-    now = timezone.now()
+    now = now or timezone.now()
     expires = now + timedelta(seconds=lease)
     with transaction.atomic(using=db):
         ids = leasing.claim(
