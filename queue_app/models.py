@@ -1,4 +1,4 @@
-"""The queue's tables: Job, its append-only Event log, and DeadLetter.
+"""The queue's tables: Job, its append-only Event log, DeadLetter, and the Worker registry.
 
 Only ``queue_app.transitions`` changes ``Job.state`` or writes Event and DeadLetter rows.
 The claim query's indexes are vendor-specific and live in migration 0002.
@@ -184,3 +184,51 @@ class DeadLetter(models.Model):
 
     def __str__(self):
         return f"dead letter #{self.id} for job #{self.job_id}"
+
+
+class WorkerState(models.TextChoices):
+    # Leasing and running jobs.
+    RUNNING = "running"
+    # Told to stop (signal or stop request): no new leases, finishing claimed work.
+    STOPPING = "stopping"
+    # Exited cleanly and released what it held. A running worker whose heartbeat is
+    # stale is shown as lost; that is derived, never stored.
+    STOPPED = "stopped"
+
+
+class WorkerQuerySet(models.QuerySet):
+    def alive(self):
+        return self.exclude(state=WorkerState.STOPPED)
+
+    def stale(self, before):
+        return self.alive().filter(last_heartbeat__lt=before)
+
+
+class Worker(models.Model):
+    """One runworker supervisor, as it registers itself; the registry behind `workers`."""
+
+    id = models.BigAutoField(primary_key=True)
+    name = models.CharField(max_length=255, unique=True)
+    host = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    queues = models.JSONField(default=list, blank=True)
+    kinds = models.JSONField(default=list, blank=True)
+    concurrency = models.PositiveIntegerField(default=1)
+    threads = models.PositiveIntegerField(default=1)
+    state = models.CharField(max_length=16, choices=WorkerState.choices, default=WorkerState.RUNNING)
+    started_at = models.DateTimeField(default=timezone.now)
+    last_heartbeat = models.DateTimeField(default=timezone.now)
+    stopped_at = models.DateTimeField(null=True, blank=True)
+    # Set by `stopworkers` (any host); the worker sees it on its next heartbeat.
+    stop_requested_at = models.DateTimeField(null=True, blank=True)
+    jobs_in_hand = models.PositiveIntegerField(default=0)
+    jobs_done = models.PositiveBigIntegerField(default=0)
+
+    objects = WorkerQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-started_at", "-id"]
+        indexes = [models.Index(fields=["state", "last_heartbeat"], name="jq_worker_state_hb")]
+
+    def __str__(self):
+        return f"{self.name} ({self.state})"
