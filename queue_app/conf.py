@@ -36,6 +36,21 @@ DEFAULTS = {
     "BULK_BATCH_SIZE": 500,
     # kind -> "dotted.path.to.callable", merged into the handler registry at start-up.
     "HANDLERS": {},
+    # Operations UI. An action over every job matching a filter runs in transactions of
+    # OPS_BATCH_SIZE jobs and stops after OPS_ACTION_SECONDS (the operator runs it again
+    # for the rest), so a 100,000-job action neither times out nor holds long locks.
+    "OPS_BATCH_SIZE": 200,
+    "OPS_ACTION_SECONDS": 20.0,
+    # Past this many rows the admin shows a capped count instead of counting the table.
+    "OPS_COUNT_CAP": 10000,
+    # A ready job that has waited longer than this is "late".
+    "OPS_LATE_SECONDS": 300.0,
+    "DASHBOARD_PAGE_SIZE": 50,
+    "DASHBOARD_REFRESH_SECONDS": 5,
+    # `manage.py web`: gunicorn's bind address, worker processes and request timeout.
+    "WEB_ADDR": "127.0.0.1:8000",
+    "WEB_WORKERS": 2,
+    "WEB_TIMEOUT": 60,
 }
 
 
