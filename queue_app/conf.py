@@ -36,6 +36,30 @@ DEFAULTS = {
     "BULK_BATCH_SIZE": 500,
     # kind -> "dotted.path.to.callable", merged into the handler registry at start-up.
     "HANDLERS": {},
+    # /metrics: with a token set, a scrape must send "Authorization: Bearer <token>" (or
+    # basic auth with the token as password). Without one only loopback clients are
+    # served, unless METRICS_PUBLIC opens it to all.
+    "METRICS_TOKEN": None,
+    "METRICS_PUBLIC": False,
+    # Label cardinality caps: kinds/queues past these are reported as "_other".
+    "METRICS_MAX_KINDS": 50,
+    "METRICS_MAX_QUEUES": 50,
+    # Upper bounds (seconds) of jobqueue_job_duration_seconds; +Inf is added.
+    "METRICS_DURATION_BUCKETS": (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0),
+    # Events folded into the counters per step, and how long an id skipped by the fold
+    # (its transaction had not committed) is watched for a late commit.
+    "METRICS_FOLD_BATCH": 50_000,
+    "METRICS_GAP_SECONDS": 600,
+    # JSON API: reads without credentials when True; writes always need a permission.
+    "API_READS_OPEN": False,
+    "API_KEY_HEADER": "X-API-Key",
+    # Request bodies over this many bytes get 413 before they are parsed.
+    "API_MAX_BODY_BYTES": 4 * 1024 * 1024,
+    "API_PAGE_SIZE": 50,
+    "API_MAX_PAGE_SIZE": 500,
+    # /health: fewer live workers (heartbeat within the stale limit) than this is 503.
+    "HEALTH_MIN_WORKERS": 1,
+    "HEALTH_WORKER_STALE_SECONDS": 60,
     # Operations UI. An action over every job matching a filter runs in transactions of
     # OPS_BATCH_SIZE jobs and stops after OPS_ACTION_SECONDS (the operator runs it again
     # for the rest), so a 100,000-job action neither times out nor holds long locks.

@@ -232,3 +232,61 @@ class Worker(models.Model):
 
     def __str__(self):
         return f"{self.name} ({self.state})"
+
+
+class EventCount(models.Model):
+    """Events ever appended, per type: folded in by metrics.fold_events(), never recounted.
+
+    Survives prune, so ``jobqueue_events_total`` is a true counter.
+    """
+
+    type = models.CharField(max_length=32, primary_key=True)
+    count = models.BigIntegerField(default=0)
+
+    def __str__(self):
+        return f"{self.type}: {self.count}"
+
+
+class JobDuration(models.Model):
+    """Histogram of completed attempts' run time per kind, folded in with EventCount."""
+
+    kind = models.CharField(max_length=KIND_MAX_LENGTH, primary_key=True)
+    # Cumulative counts per bucket bound in conf METRICS_DURATION_BUCKETS, then +Inf.
+    buckets = models.JSONField(default=list)
+    count = models.BigIntegerField(default=0)
+    sum = models.FloatField(default=0.0)
+
+
+class MetricsCheckpoint(models.Model):
+    """One row (id=1): how far the event log has been folded into EventCount.
+
+    ``gaps`` holds ids below the checkpoint that were missing when it passed them (a
+    transaction that took the id had not committed yet, or rolled back), with when
+    they were first seen, so a late commit is still counted; see metrics.py.
+    """
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    last_event_id = models.BigIntegerField(default=0)
+    gaps = models.JSONField(default=dict, blank=True)
+    folded_at = models.DateTimeField(null=True, blank=True)
+
+
+class ApiKey(models.Model):
+    """A key for scripts calling the JSON API. Only a SHA-256 of the key is stored."""
+
+    id = models.BigAutoField(primary_key=True)
+    name = models.CharField(max_length=100, unique=True)
+    # The first characters of the key, to tell keys apart in the admin; not secret.
+    prefix = models.CharField(max_length=12)
+    hashed_key = models.CharField(max_length=64, unique=True)
+    # Reads are always allowed to a valid key; writes need this.
+    can_write = models.BooleanField(default=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return f"{self.name} ({self.prefix}…)"
