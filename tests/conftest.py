@@ -65,3 +65,10 @@ def _child(target, args):
     finally:
         connections.close_all()
         os._exit(code)
+
+
+@pytest.fixture
+def enqueue_job():
+    from queue_app import enqueue
+
+    return enqueue

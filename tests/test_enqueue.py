@@ -1,0 +1,156 @@
+"""enqueue() and bulk_enqueue(): what they write, and what they refuse."""
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+
+from queue_app import bulk_enqueue, enqueue
+from queue_app.exceptions import InvalidJob
+from queue_app.models import Event, Job
+
+pytestmark = pytest.mark.django_db
+
+
+def nothing_written():
+    return Job.objects.count() == 0 and Event.objects.count() == 0
+
+
+def test_enqueue_uses_defaults_from_settings(settings):
+    settings.JOBQUEUE = {"DEFAULT_MAX_ATTEMPTS": 7, "DEFAULT_QUEUE": "main"}
+    job = enqueue("echo")
+    assert (job.queue_name, job.max_attempts, job.priority, job.payload) == ("main", 7, 0, {})
+    assert job.was_created is True
+
+
+def test_run_after_schedules_relative_to_now():
+    before = timezone.now()
+    job = enqueue("echo", {}, run_after=timedelta(minutes=5))
+    assert before + timedelta(minutes=5) <= job.run_at <= timezone.now() + timedelta(minutes=5)
+    assert enqueue("echo", {}, run_after=90).run_at >= before + timedelta(seconds=90)
+
+
+def test_run_at_is_stored_with_microseconds():
+    when = datetime(2030, 1, 2, 3, 4, 5, 123456, tzinfo=UTC)
+    job = enqueue("echo", {}, run_at=when)
+    job.refresh_from_db()
+    assert job.run_at == when
+
+
+def test_same_idempotency_key_returns_the_existing_job():
+    first = enqueue("echo", {"n": 1}, idempotency_key="order-42")
+    second = enqueue("echo", {"n": 2}, idempotency_key="order-42")
+    assert second.id == first.id
+    assert second.was_created is False
+    assert Job.objects.count() == 1
+    assert Event.objects.count() == 1
+
+
+def test_idempotent_enqueue_inside_an_outer_transaction_leaves_it_usable():
+    enqueue("echo", {}, idempotency_key="k")
+    with transaction.atomic():
+        again = enqueue("echo", {}, idempotency_key="k")
+        other = enqueue("echo", {})
+    assert again.was_created is False
+    assert Job.objects.count() == 2 and other.id
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"colour": "red"}, "unknown field"),
+        ({"run_at": datetime(2030, 1, 1, tzinfo=UTC), "run_after": 5}, "not both"),
+        ({"priority": 101}, "out of range"),
+        ({"priority": -101}, "out of range"),
+        ({"priority": "high"}, "integer"),
+        ({"priority": True}, "integer"),
+        ({"max_attempts": 0}, "max_attempts"),
+        ({"max_attempts": 10**9}, "max_attempts"),
+        ({"timeout": -1}, "timeout"),
+        ({"timeout": float("inf")}, "timeout"),
+        ({"timeout": 10**12}, "timeout"),
+        ({"run_after": -5}, "run_after"),
+        ({"run_after": 10**12}, "run_after"),
+        ({"run_after": datetime(2030, 1, 1, tzinfo=UTC)}, "use run_at"),
+        ({"run_at": datetime(2030, 1, 1)}, "timezone-aware"),
+        ({"run_at": datetime(9000, 1, 1, tzinfo=UTC)}, "10 years"),
+        ({"run_at": "tomorrow"}, "datetime"),
+        ({"idempotency_key": "k" * 256}, "256 characters"),
+        ({"idempotency_key": ""}, "idempotency_key"),
+        ({"queue_name": "has space"}, "queue_name"),
+        ({"queue_name": "q" * 101}, "queue_name"),
+    ],
+)
+def test_bad_options_are_refused_with_a_message_and_nothing_written(kwargs, message):
+    with pytest.raises(InvalidJob, match=message):
+        enqueue("echo", {}, **kwargs)
+    assert nothing_written()
+
+
+@pytest.mark.parametrize(
+    "kind, payload, message",
+    [
+        ("", {}, "kind"),
+        ("k" * 201, {}, "kind"),
+        (None, {}, "kind"),
+        ("echo", {"when": datetime.now(UTC)}, "not JSON-serializable"),
+        ("echo", {"x": float("nan")}, "not JSON-serializable"),
+        ("echo", {"s": {1, 2}}, "not JSON-serializable"),
+    ],
+)
+def test_bad_kind_or_payload_is_refused_and_nothing_written(kind, payload, message):
+    with pytest.raises(InvalidJob, match=message):
+        enqueue(kind, payload)
+    assert nothing_written()
+
+
+def test_payload_over_the_size_limit_is_refused(settings):
+    settings.JOBQUEUE = {"MAX_PAYLOAD_BYTES": 100}
+    with pytest.raises(InvalidJob, match="limit is 100"):
+        enqueue("echo", {"blob": "x" * 200})
+    assert nothing_written()
+
+
+def test_invalid_job_names_the_field():
+    with pytest.raises(InvalidJob) as info:
+        enqueue("echo", {}, priority=500)
+    assert info.value.field == "priority"
+
+
+def test_bulk_enqueue_inserts_thousands_in_order_with_one_event_each():
+    specs = [{"kind": "echo", "payload": {"i": i}, "priority": i % 5} for i in range(3000)]
+    jobs = bulk_enqueue(specs)
+    assert [j.payload["i"] for j in jobs] == list(range(3000))
+    assert len({j.id for j in jobs}) == 3000
+    assert Job.objects.count() == 3000
+    assert Event.objects.filter(type="enqueued").count() == 3000
+
+
+def test_bulk_enqueue_with_keys_returns_existing_jobs():
+    existing = enqueue("echo", {}, idempotency_key="a")
+    jobs = bulk_enqueue([{"kind": "echo", "idempotency_key": "a"}, {"kind": "echo"}, {"kind": "echo", "idempotency_key": "b"}])
+    assert jobs[0].id == existing.id
+    assert Job.objects.count() == 3
+
+
+def test_one_bad_entry_refuses_the_whole_batch():
+    with pytest.raises(InvalidJob, match="job 2: priority"):
+        bulk_enqueue([{"kind": "echo"}, {"kind": "echo"}, {"kind": "echo", "priority": 1000}])
+    assert nothing_written()
+
+
+def test_bulk_entry_without_kind_is_refused():
+    with pytest.raises(InvalidJob, match="job 0: kind is required"):
+        bulk_enqueue([{"payload": {}}])
+    assert nothing_written()
+
+
+def test_database_refuses_rows_that_break_its_constraints():
+    from django.db import IntegrityError
+
+    from tests.factories import JobFactory
+
+    for bad in ({"priority": 500}, {"max_attempts": 0}, {"state": "bogus"}, {"state": "leased"}):
+        with pytest.raises(IntegrityError), transaction.atomic():
+            JobFactory(**bad)
+    assert Job.objects.count() == 0
