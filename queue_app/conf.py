@@ -36,6 +36,24 @@ DEFAULTS = {
     "BULK_BATCH_SIZE": 500,
     # kind -> "dotted.path.to.callable", merged into the handler registry at start-up.
     "HANDLERS": {},
+    # runworker: processes, threads per process and jobs leased per claim.
+    "WORKER_CONCURRENCY": 1,
+    "WORKER_THREADS": 1,
+    "WORKER_BATCH": 10,
+    # Queues a worker serves when not told; "*" is all of them.
+    "WORKER_QUEUES": ["*"],
+    # Seconds an idle worker waits before looking again (PostgreSQL also wakes on NOTIFY).
+    "POLL_INTERVAL": 1.0,
+    # Seconds between lease renewals and registry heartbeats; None means LEASE_SECONDS / 3.
+    "HEARTBEAT_INTERVAL": None,
+    # Seconds between sweeps for expired leases (one also runs at start-up).
+    "RECOVERY_INTERVAL": 15.0,
+    # Seconds a stopping worker lets claimed jobs finish before releasing them.
+    "GRACE_SECONDS": 30.0,
+    # A registered worker whose heartbeat is older than this is shown as lost.
+    "WORKER_LOST_AFTER": 60.0,
+    # PostgreSQL channel that enqueue NOTIFYs and idle workers LISTEN on; None disables.
+    "NOTIFY_CHANNEL": "jobqueue",
     # /metrics: with a token set, a scrape must send "Authorization: Bearer <token>" (or
     # basic auth with the token as password). Without one only loopback clients are
     # served, unless METRICS_PUBLIC opens it to all.

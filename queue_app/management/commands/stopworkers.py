@@ -1,0 +1,41 @@
+"""manage.py stopworkers: ask workers on any host to shut down gracefully."""
+import time
+
+from django.core.management.base import BaseCommand, CommandError
+
+from queue_app import workers
+from queue_app.management.commands.runworker import duration
+from queue_app.models import Worker, WorkerState
+
+
+class Command(BaseCommand):
+    help = (
+        "Ask running workers (all, or those named) to stop: they stop leasing, finish claimed jobs "
+        "within their grace period and release the rest. The request is stored in the database."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("--worker", action="append", dest="names", metavar="NAME",
+                            help="Stop only this worker (repeatable). Default: all running workers.")
+        parser.add_argument("--wait", type=duration, metavar="DURATION",
+                            help="Wait up to this long for them to stop; exit 1 if some have not.")
+
+    def handle(self, *args, **o):
+        try:
+            asked = workers.request_stop(o["names"])
+        except LookupError as exc:
+            raise CommandError(str(exc)) from None
+        if not asked:
+            self.stdout.write("no workers running")
+            return
+        for name in asked:
+            self.stdout.write(f"stop requested: {name}")
+        if o["wait"]:
+            end = time.monotonic() + o["wait"]
+            while time.monotonic() < end:
+                left = Worker.objects.filter(name__in=asked).exclude(state=WorkerState.STOPPED).count()
+                if not left:
+                    self.stdout.write(f"{len(asked)} worker(s) stopped")
+                    return
+                time.sleep(0.1)
+            raise CommandError("some workers had not stopped when --wait ran out")

@@ -1,0 +1,270 @@
+"""The prefork supervisor behind runworker: forks the children, watches them, and does
+what only a process that outlives them can do.
+
+- Timeouts: a child whose job passed its deadline is SIGKILLed (a handler stuck in C
+  code never yields, so nothing gentler works) and replaced; the job fails with a
+  timeout error and follows the normal retry / dead-letter path.
+- Crashes: a child that dies on its own (os._exit, segfault) has the job it was running
+  failed with the exit status as the error, its unstarted claims released, and is
+  replaced.
+- Heartbeat: renews the leases of every job its children hold (so a child busy in C
+  code still keeps its lease) and stamps the registry row, where it also reads stop
+  requests.
+- Recovery of expired leases at start and every recovery interval.
+- Shutdown: the first SIGTERM/SIGINT (or a stop request) tells the children to stop
+  leasing and finish; after the grace period what is still leased is released. A second
+  signal kills the children at once; their leases lapse and are recovered.
+
+Each child leases under its own owner id, ``<worker name>/<slot>.<generation>``, so the
+supervisor can settle exactly a dead child's jobs and nobody else's.
+"""
+import logging
+import multiprocessing
+import os
+import signal
+import time
+
+from django.db import connections
+
+from queue_app import transitions, workers
+from queue_app.worker import Budget, Slots, child_main
+
+log = logging.getLogger("queue_app")
+
+TICK = 0.05
+
+
+class Child:
+    def __init__(self, slot, generation, owner, slots, pid):
+        self.slot = slot
+        self.generation = generation
+        self.owner = owner
+        self.slots = slots
+        self.pid = pid
+        self.timed_out = None  # (job_id, attempt, timeout) once killed for overrunning
+
+
+def _timeout_error(job_id, seconds):
+    return {
+        "type": "TimeoutError",
+        "message": f"job {job_id} ran past its {seconds:g}s timeout; its worker process was killed",
+        "traceback": "",
+    }
+
+
+def _crash_error(how):
+    return {
+        "type": "WorkerCrashed",
+        "message": f"the worker process running the job {how}",
+        "traceback": "",
+    }
+
+
+def _describe(status):
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            return f"was killed by signal {signal.Signals(sig).name}"
+        except ValueError:
+            return f"was killed by signal {sig}"
+    return f"exited with code {os.WEXITSTATUS(status)}"
+
+
+class Supervisor:
+    def __init__(self, options):
+        self.options = options
+        self.ctx = multiprocessing.get_context("fork")
+        self.budget = Budget(self.ctx, options.max_jobs)
+        self.children = {}  # pid -> Child
+        self.generations = [0] * options.concurrency
+        self.signals = 0
+        self.stopping = False
+        self.stop_deadline = None
+        self.record = None
+        self.done_by_gone = 0
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    def run(self):
+        o = self.options
+        self.record = workers.register(
+            o.name, pid=os.getpid(), queues=o.queues, kinds=o.kinds,
+            concurrency=o.concurrency, threads=o.threads,
+        )
+        log.info(
+            "worker %s started: queues=%s kinds=%s concurrency=%s threads=%s batch=%s lease=%ss",
+            o.name, ",".join(o.queues), ",".join(o.kinds) or "*", o.concurrency, o.threads, o.batch, o.lease,
+        )
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        started = time.monotonic()
+        try:
+            self._recover()
+            for slot in range(o.concurrency):
+                self._spawn(slot)
+            next_beat = time.monotonic() + o.heartbeat
+            next_recovery = time.monotonic() + o.recovery_interval
+            while True:
+                now = time.monotonic()
+                if self.signals >= 2:
+                    return self._stop_now()
+                if self.signals and not self.stopping:
+                    self._begin_stop("signal")
+                if o.max_runtime and not self.stopping and now - started >= o.max_runtime:
+                    self._begin_stop("max runtime reached")
+                self._reap()
+                self._enforce_timeouts()
+                if now >= next_beat:
+                    next_beat = now + o.heartbeat
+                    self._heartbeat()
+                if o.recovery_interval and now >= next_recovery:
+                    next_recovery = now + o.recovery_interval
+                    self._recover()
+                if self.stopping and self.children and now >= self.stop_deadline:
+                    self._kill_all("grace period over")
+                if not self.children:
+                    break
+                time.sleep(TICK)
+            self._finish()
+            return 0
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            connections.close_all()
+
+    def _on_signal(self, signum, frame):
+        self.signals += 1
+
+    def _begin_stop(self, why):
+        self.stopping = True
+        self.stop_deadline = time.monotonic() + self.options.grace
+        log.info("worker %s stopping (%s): finishing claimed jobs within %ss", self.options.name, why,
+                 self.options.grace)
+        self._guard(workers.mark_stopping, self.record.id)
+        for child in self.children.values():
+            self._signal(child, signal.SIGTERM)
+
+    def _stop_now(self):
+        log.warning("worker %s stopping at once: its leases will lapse and be recovered", self.options.name)
+        self._kill_all("second signal")
+        self._guard(workers.deregister, self.record.id, jobs_done=self._jobs_done())
+        return 1
+
+    def _finish(self):
+        # Anything a child left leased (killed at the end of the grace period, or a bug)
+        # goes back to pending: claimed here, not finished here.
+        for owner, held in self._guard(workers.leased_by, self.options.name, default={}).items():
+            for job_id, attempt in held:
+                self._guard(transitions.release, job_id, worker_id=owner, attempt=attempt)
+        self._guard(workers.deregister, self.record.id, jobs_done=self._jobs_done())
+        log.info("worker %s stopped after %s jobs", self.options.name, self._jobs_done())
+
+    # --- children ------------------------------------------------------------------------
+
+    def _spawn(self, slot):
+        self.generations[slot] += 1
+        gen = self.generations[slot]
+        owner = f"{self.options.name}/{slot}.{gen}"
+        slots = Slots(self.options.threads)
+        # No socket or SQLite handle may be shared across the fork.
+        connections.close_all()
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            child_main(self.options, owner, slots, self.budget, parent)
+        self.children[pid] = Child(slot, gen, owner, slots, pid)
+        log.debug("spawned child pid=%s owner=%s", pid, owner)
+
+    def _signal(self, child, sig):
+        try:
+            os.kill(child.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def _kill_all(self, why):
+        for child in list(self.children.values()):
+            log.warning("killing child pid=%s (%s)", child.pid, why)
+            self._signal(child, signal.SIGKILL)
+        for pid, child in list(self.children.items()):
+            os.waitpid(pid, 0)
+            self.done_by_gone += child.slots.done
+            del self.children[pid]
+
+    def _reap(self):
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            child = self.children.pop(pid, None)
+            if child is None:
+                continue
+            self.done_by_gone += child.slots.done
+            clean = child.slots.clean and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+            if not clean:
+                self._settle_dead_child(child, status)
+                if not self.stopping:
+                    self._spawn(child.slot)
+
+    def _settle_dead_child(self, child, status):
+        how = _describe(status)
+        for job_id, attempt, _, _ in child.slots.running():
+            if child.timed_out and child.timed_out[0] == job_id:
+                error = _timeout_error(job_id, child.timed_out[2])
+                log.warning("timed out id=%s attempt=%s worker=%s", job_id, attempt, child.owner)
+            else:
+                error = _crash_error(how)
+                log.warning("crashed id=%s attempt=%s worker=%s: child %s", job_id, attempt, child.owner, how)
+            self._guard(transitions.fail, job_id, worker_id=child.owner, attempt=attempt, error=error)
+        # Claimed but never started: give them back without spending an attempt.
+        for owner, held in self._guard(workers.leased_by, self.options.name, default={}).items():
+            if owner != child.owner:
+                continue
+            for job_id, attempt in held:
+                self._guard(transitions.release, job_id, worker_id=owner, attempt=attempt)
+
+    def _enforce_timeouts(self):
+        now = time.monotonic()
+        for child in list(self.children.values()):
+            if child.timed_out:
+                continue
+            for job_id, attempt, started, timeout in child.slots.running():
+                if timeout and now > started + timeout:
+                    child.timed_out = (job_id, attempt, timeout)
+                    log.warning("id=%s overran its timeout; killing child pid=%s", job_id, child.pid)
+                    self._signal(child, signal.SIGKILL)
+                    break
+
+    # --- database chores -----------------------------------------------------------------
+
+    def _heartbeat(self):
+        held = self._guard(workers.leased_by, self.options.name, default={})
+        in_hand = 0
+        for owner, jobs in held.items():
+            in_hand += len(jobs)
+            self._guard(
+                transitions.renew, [job_id for job_id, _ in jobs], worker_id=owner,
+                lease_seconds=self.options.lease,
+            )
+        asked = self._guard(
+            workers.heartbeat, self.record.id, jobs_in_hand=in_hand, jobs_done=self._jobs_done(), default=False
+        )
+        if asked and not self.stopping:
+            self._begin_stop("stop requested")
+
+    def _recover(self):
+        self._guard(transitions.recover)
+
+    def _jobs_done(self):
+        return self.done_by_gone + sum(c.slots.done for c in self.children.values())
+
+    def _guard(self, func, *args, default=None, **kwargs):
+        """Call a database chore; a failure is logged and retried on the next tick, never
+        allowed to take the supervisor (and its children's work) down."""
+        try:
+            return func(*args, **kwargs)
+        except Exception:
+            log.exception("worker %s: %s failed", self.options.name, getattr(func, "__name__", func))
+            connections.close_all()
+            return default

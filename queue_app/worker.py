@@ -1,0 +1,353 @@
+"""The worker loop: lease a batch, run each job's handler, settle it through transitions.
+
+``run(options)`` starts the supervisor (supervisor.py) that forks ``concurrency``
+child processes; each child runs ``Loop`` on ``threads`` threads. ``run_once()`` is the
+same loop body in the calling process, for scripts and tests.
+
+What the supervisor and a child share is a small block of shared memory (``Slots``):
+per thread, the job it is running, its attempt and its deadline. The supervisor reads
+it to kill a child whose job overran, and to know which job a child that died was
+running. Everything else goes through the database.
+"""
+import ctypes
+import logging
+import os
+import signal
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from multiprocessing.sharedctypes import RawArray
+
+from django.db import close_old_connections, connection, connections
+
+from queue_app import execution, transitions
+from queue_app.conf import settings
+
+log = logging.getLogger("queue_app")
+
+
+@dataclass(frozen=True)
+class Options:
+    """How a worker runs; every field defaults from queue_app.conf."""
+
+    queues: tuple = ()
+    kinds: tuple = ()
+    concurrency: int = None
+    threads: int = None
+    batch: int = None
+    lease: float = None
+    poll: float = None
+    aging: float = None
+    heartbeat: float = None
+    recovery_interval: float = None
+    grace: float = None
+    timeout: float = None
+    max_jobs: int = None
+    max_runtime: float = None
+    burst: bool = False
+    name: str = None
+    extra: dict = field(default_factory=dict)
+
+    def resolved(self):
+        """Return a copy with every unset knob filled from settings."""
+        lease = float(self.lease if self.lease is not None else settings.LEASE_SECONDS)
+        heartbeat = self.heartbeat if self.heartbeat is not None else settings.HEARTBEAT_INTERVAL
+        return Options(
+            queues=tuple(self.queues or settings.WORKER_QUEUES or ["*"]),
+            kinds=tuple(self.kinds or ()),
+            concurrency=int(self.concurrency or settings.WORKER_CONCURRENCY),
+            threads=int(self.threads or settings.WORKER_THREADS),
+            batch=int(self.batch or settings.WORKER_BATCH),
+            lease=lease,
+            poll=float(self.poll if self.poll is not None else settings.POLL_INTERVAL),
+            aging=float(self.aging if self.aging is not None else settings.AGING_INTERVAL),
+            # Renew well inside the lease so one slow round trip does not lose it.
+            heartbeat=float(heartbeat if heartbeat else lease / 3),
+            recovery_interval=float(
+                self.recovery_interval if self.recovery_interval is not None else settings.RECOVERY_INTERVAL
+            ),
+            grace=float(self.grace if self.grace is not None else settings.GRACE_SECONDS),
+            timeout=self.timeout if self.timeout is not None else settings.DEFAULT_TIMEOUT,
+            max_jobs=self.max_jobs,
+            max_runtime=self.max_runtime,
+            burst=self.burst,
+            name=self.name or execution.default_worker_id(),
+            extra=dict(self.extra),
+        )
+
+
+def run(options=None):
+    """Run a worker until it is stopped (or drained, in burst mode); return the exit code."""
+    from queue_app.supervisor import Supervisor
+
+    return Supervisor((options or Options()).resolved()).run()
+
+
+def run_once(options=None, *, worker_id=None):
+    """Claim one batch and run it here, in this process; return [(job_id, outcome)]."""
+    options = (options or Options()).resolved()
+    worker_id = worker_id or f"{options.name}/0.0"
+    jobs = _claim(options, worker_id, options.batch)
+    return [(job.id, execution.execute(job, worker_id)) for job in jobs]
+
+
+def _claim(options, owner, limit):
+    return transitions.claim(
+        owner,
+        limit=limit,
+        queues=list(options.queues),
+        kinds=list(options.kinds) or None,
+        lease_seconds=options.lease,
+        aging=options.aging,
+    )
+
+
+class Slots:
+    """Shared memory between the supervisor and one child, created before the fork.
+
+    Per thread: job id, attempt, start (time.monotonic(), which every process on the
+    host shares) and timeout in seconds (0: none). Then two cells for the whole child:
+    a clean-exit flag and the count of jobs it finished. Doubles hold ids exactly up
+    to 2**53.
+    """
+
+    WIDTH = 4
+
+    def __init__(self, threads):
+        self.threads = threads
+        self.cells = RawArray(ctypes.c_double, threads * self.WIDTH + 2)
+
+    def start(self, i, job_id, attempt, timeout):
+        base = i * self.WIDTH
+        # The id last: a reader that sees the id sees the rest.
+        self.cells[base + 1] = attempt
+        self.cells[base + 2] = time.monotonic()
+        self.cells[base + 3] = timeout or 0.0
+        self.cells[base] = job_id
+
+    def clear(self, i):
+        self.cells[i * self.WIDTH] = 0
+
+    def running(self):
+        """Return [(job_id, attempt, started, timeout)] for the threads running a job."""
+        out = []
+        for i in range(self.threads):
+            base = i * self.WIDTH
+            job_id = int(self.cells[base])
+            if job_id:
+                out.append((job_id, int(self.cells[base + 1]), self.cells[base + 2], self.cells[base + 3]))
+        return out
+
+    @property
+    def clean(self):
+        return self.cells[self.threads * self.WIDTH] == 1
+
+    def mark_clean(self):
+        self.cells[self.threads * self.WIDTH] = 1
+
+    @property
+    def done(self):
+        return int(self.cells[self.threads * self.WIDTH + 1])
+
+    def add_done(self, n=1):
+        self.cells[self.threads * self.WIDTH + 1] += n
+
+
+class Budget:
+    """Jobs all children may still claim under --max-jobs (None: no limit)."""
+
+    def __init__(self, ctx, max_jobs):
+        self.max_jobs = max_jobs
+        self.claimed = ctx.Value(ctypes.c_longlong, 0)
+
+    def take(self, want):
+        if self.max_jobs is None:
+            return want
+        with self.claimed.get_lock():
+            n = max(0, min(want, self.max_jobs - self.claimed.value))
+            self.claimed.value += n
+            return n
+
+    def give_back(self, n):
+        if self.max_jobs is not None and n:
+            with self.claimed.get_lock():
+                self.claimed.value -= n
+
+    @property
+    def spent(self):
+        return self.max_jobs is not None and self.claimed.value >= self.max_jobs
+
+
+class Loop:
+    """One child process: threads that take jobs from a local buffer refilled by claims."""
+
+    def __init__(self, options, owner, slots, budget):
+        self.options = options
+        self.owner = owner
+        self.slots = slots
+        self.budget = budget
+        self.buffer = deque()
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.waiter = None
+
+    def run(self):
+        """Run until stopped, drained (burst) or out of budget; release what is left."""
+        signal.signal(signal.SIGTERM, lambda *_: self.stopping.set())
+        # Ctrl-C reaches the whole process group; the supervisor decides what it means.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        self.waiter = Waiter.for_connection(self.options)
+        try:
+            if self.options.threads == 1:
+                self._thread(0)
+            else:
+                threads = [
+                    threading.Thread(target=self._thread, args=(i,), name=f"jq-{i}", daemon=True)
+                    for i in range(self.options.threads)
+                ]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    # A timed join keeps the main thread free to run signal handlers.
+                    while t.is_alive():
+                        t.join(0.2)
+            self._release_buffer()
+        finally:
+            if self.waiter:
+                self.waiter.close()
+        self.slots.mark_clean()
+
+    def _thread(self, i):
+        try:
+            while True:
+                job = self._next()
+                if job is None:
+                    return
+                self._run(i, job)
+        finally:
+            connection.close()
+
+    def _next(self):
+        with self.lock:
+            while not self.stopping.is_set():
+                if self.buffer:
+                    return self.buffer.popleft()
+                limit = self.budget.take(self.options.batch)
+                if not limit:
+                    return None
+                try:
+                    jobs = _claim(self.options, self.owner, limit)
+                except Exception:
+                    log.exception("claim failed worker=%s; retrying after %ss", self.owner, self.options.poll)
+                    close_old_connections()
+                    connection.close()
+                    jobs = []
+                self.budget.give_back(limit - len(jobs))
+                if jobs:
+                    self.buffer.extend(jobs)
+                    continue
+                if self.options.burst:
+                    return None
+                self.waiter.wait(self.options.poll, self.stopping)
+            return None
+
+    def _run(self, i, job):
+        timeout = job.timeout if job.timeout is not None else self.options.timeout
+        self.slots.start(i, job.id, job.attempts, timeout)
+        try:
+            execution.execute(job, self.owner)
+        except Exception:
+            # Settling failed (database gone?): the lease lapses and recovery takes it back.
+            log.exception("could not settle id=%s worker=%s", job.id, self.owner)
+            connection.close()
+        finally:
+            self.slots.clear(i)
+            self.slots.add_done()
+
+    def _release_buffer(self):
+        while self.buffer:
+            job = self.buffer.popleft()
+            try:
+                transitions.release(job.id, worker_id=self.owner, attempt=job.attempts)
+            except Exception:
+                log.exception("could not release id=%s; its lease will lapse", job.id)
+        connection.close()
+
+
+class Waiter:
+    """How an idle child waits: sleep for the poll interval, or on PostgreSQL until an
+    enqueue NOTIFYs the channel (whichever comes first)."""
+
+    @staticmethod
+    def for_connection(options):
+        channel = settings.NOTIFY_CHANNEL
+        if connection.vendor == "postgresql" and channel and not options.burst:
+            try:
+                return PgWaiter(channel)
+            except Exception:
+                log.exception("LISTEN failed; falling back to polling")
+        return Waiter()
+
+    def wait(self, seconds, stopping):
+        stopping.wait(seconds)
+
+    def close(self):
+        pass
+
+
+class PgWaiter(Waiter):
+    def __init__(self, channel):
+        import psycopg
+
+        params = connection.get_connection_params()
+        params.pop("cursor_factory", None)
+        self.conn = psycopg.Connection.connect(**params, autocommit=True)
+        self.conn.execute(f'LISTEN "{channel}"')
+
+    def wait(self, seconds, stopping):
+        # Short slices so a stop request is seen within a fraction of a second.
+        end = time.monotonic() + seconds
+        while not stopping.is_set():
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            for _ in self.conn.notifies(timeout=min(left, 0.25), stop_after=1):
+                return
+
+    def close(self):
+        try:
+            self.conn.close()
+        except Exception:
+            pass
+
+
+def child_main(options, owner, slots, budget, parent_pid):
+    """Entry point of a forked child; never returns."""
+    code = 0
+    try:
+        _die_with_parent(parent_pid)
+        connections.close_all()
+        Loop(options, owner, slots, budget).run()
+    except BaseException:
+        log.exception("worker child %s failed", owner)
+        code = 1
+    finally:
+        try:
+            connections.close_all()
+        finally:
+            # Skip the parent's atexit hooks and buffers (pytest, Django): this is a fork.
+            os._exit(code)
+
+
+def _die_with_parent(parent_pid):
+    """Ask Linux to SIGKILL this child if the supervisor dies, so no orphan keeps running
+    jobs whose leases nobody renews."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)

@@ -1,0 +1,118 @@
+"""The worker registry: runworker supervisors register, heartbeat and deregister here,
+and `workers` / `stopworkers` read and write it from any host.
+
+A stop request is a timestamp on the row, not a signal: it works across hosts, and a
+worker sees it on its next heartbeat.
+"""
+import socket
+from datetime import timedelta
+
+from django.db.models import Q
+from django.utils import timezone
+
+from queue_app.conf import settings
+from queue_app.models import Job, Worker, WorkerState
+
+
+def register(name, *, pid, queues, kinds, concurrency, threads):
+    """Record a starting worker and return its row."""
+    now = timezone.now()
+    return Worker.objects.create(
+        name=name,
+        host=socket.gethostname(),
+        pid=pid,
+        queues=list(queues or []),
+        kinds=list(kinds or []),
+        concurrency=concurrency,
+        threads=threads,
+        state=WorkerState.RUNNING,
+        started_at=now,
+        last_heartbeat=now,
+    )
+
+
+def heartbeat(worker_id, *, jobs_in_hand=0, jobs_done=0):
+    """Stamp the worker's heartbeat; return True when someone asked it to stop."""
+    Worker.objects.filter(id=worker_id).update(
+        last_heartbeat=timezone.now(), jobs_in_hand=jobs_in_hand, jobs_done=jobs_done
+    )
+    return Worker.objects.filter(id=worker_id, stop_requested_at__isnull=False).exists()
+
+
+def mark_stopping(worker_id):
+    Worker.objects.filter(id=worker_id).update(state=WorkerState.STOPPING, last_heartbeat=timezone.now())
+
+
+def deregister(worker_id, *, jobs_done=0):
+    now = timezone.now()
+    Worker.objects.filter(id=worker_id).update(
+        state=WorkerState.STOPPED, stopped_at=now, last_heartbeat=now, jobs_in_hand=0, jobs_done=jobs_done
+    )
+
+
+def request_stop(names=None):
+    """Ask running workers (all, or those named) to stop; return the names asked.
+
+    Unknown names raise LookupError before anything is written.
+    """
+    alive = Worker.objects.alive()
+    if names:
+        found = set(alive.filter(name__in=names).values_list("name", flat=True))
+        missing = [n for n in names if n not in found]
+        if missing:
+            raise LookupError(f"no running worker named {', '.join(missing)}")
+        alive = alive.filter(name__in=names)
+    asked = sorted(alive.values_list("name", flat=True))
+    alive.filter(stop_requested_at__isnull=True).update(stop_requested_at=timezone.now())
+    return asked
+
+
+def status(worker, now=None):
+    """The state as `workers` shows it: a live row whose heartbeat went stale is lost."""
+    now = now or timezone.now()
+    if worker.state != WorkerState.STOPPED and now - worker.last_heartbeat > timedelta(
+        seconds=settings.WORKER_LOST_AFTER
+    ):
+        return "lost"
+    return worker.state
+
+
+def listing(*, include_stopped=False, now=None):
+    """Return the registry as dicts, newest first, with heartbeat age and derived status."""
+    now = now or timezone.now()
+    qs = Worker.objects.all() if include_stopped else Worker.objects.alive()
+    rows = []
+    for w in qs:
+        rows.append(
+            {
+                "name": w.name,
+                "host": w.host,
+                "pid": w.pid,
+                "status": status(w, now),
+                "queues": w.queues,
+                "kinds": w.kinds,
+                "concurrency": w.concurrency,
+                "threads": w.threads,
+                "jobs_in_hand": w.jobs_in_hand,
+                "jobs_done": w.jobs_done,
+                "started_at": w.started_at.isoformat(),
+                "heartbeat_age": max(0.0, (now - w.last_heartbeat).total_seconds()),
+                "stop_requested": w.stop_requested_at is not None,
+            }
+        )
+    return rows
+
+
+def owners_filter(name):
+    """Match the lease_owner of every child process of worker ``name``."""
+    return Q(lease_owner__startswith=f"{name}/")
+
+
+def leased_by(name):
+    """Ids and attempts of the jobs leased to worker ``name``'s children, by owner."""
+    out = {}
+    for job_id, owner, attempt in Job.objects.leased().filter(owners_filter(name)).values_list(
+        "id", "lease_owner", "attempts"
+    ):
+        out.setdefault(owner, []).append((job_id, attempt))
+    return out
