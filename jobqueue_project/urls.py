@@ -1,6 +1,13 @@
 from django.contrib import admin
 from django.urls import path
 
+from queue_app.api import api
+from queue_app.health import health_view
+from queue_app.metrics_http import metrics_view
+
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("api/", api.urls),
+    path("metrics", metrics_view, name="metrics"),
+    path("health", health_view, name="health"),
 ]

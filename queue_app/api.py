@@ -1,0 +1,454 @@
+"""The JSON API under /api/, built with django-ninja (schema at /api/openapi.json,
+interactive docs at /api/docs).
+
+Every endpoint parses input, calls enqueueing / transitions / metrics, and renders the
+result. Auth: an API key in the X-API-Key header (API_KEY_HEADER) or a staff session;
+writes need a permission (a read-write key, or queue_app.add_job / change_job for
+users); reads are open without credentials only when API_READS_OPEN is True.
+"""
+from datetime import datetime
+from functools import wraps
+from typing import Any, Literal
+
+from django.http import HttpRequest
+from django.shortcuts import get_object_or_404
+from ninja import Body, Field, NinjaAPI, Path, Query, Schema
+from ninja.errors import AuthenticationError, HttpError, ValidationError
+from ninja.security import APIKeyHeader, SessionAuthIsStaff
+from pydantic import ConfigDict
+
+from queue_app import enqueueing, metrics, transitions
+from queue_app.api_auth import Principal, authenticate
+from queue_app.conf import settings
+from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound
+from queue_app.models import DeadLetter, Job, State, Worker
+from queue_app.validation import NAME_RE
+
+MAX_ID = 2**63 - 1
+JobId = Path(..., ge=1, le=MAX_ID, description="The job's id.")
+StateName = Literal[tuple(State.values)]
+
+
+# --- authentication -------------------------------------------------------------------
+
+
+class KeyAuth(APIKeyHeader):
+    param_name = settings.API_KEY_HEADER
+
+    def authenticate(self, request, key):
+        api_key = authenticate(key)
+        return Principal(actor=f"api-key:{api_key.name}", key=api_key) if api_key else None
+
+
+class StaffSession(SessionAuthIsStaff):
+    def authenticate(self, request, key):
+        user = super().authenticate(request, key)
+        return Principal(actor=f"user:{user.get_username()}", user=user) if user else None
+
+
+def open_reads(request):
+    """Lets safe requests through without credentials when API_READS_OPEN is set."""
+    if settings.API_READS_OPEN and request.method in ("GET", "HEAD"):
+        return Principal(actor="anonymous")
+    return None
+
+
+api = NinjaAPI(
+    title="jobqueue API",
+    version="1",
+    description="Enqueue, inspect and operate the job queue.",
+    auth=[KeyAuth(), StaffSession(), open_reads],
+    urls_namespace="jobqueue-api",
+)
+
+
+def _limit_body(run):
+    """Refuse bodies over API_MAX_BODY_BYTES before anything reads them."""
+
+    @wraps(run)
+    def check(request, *args, **kwargs):
+        limit = settings.API_MAX_BODY_BYTES
+        try:
+            length = int(request.META.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            length = 0
+        if length > limit:
+            return api.create_response(
+                request, {"error": f"the body is {length} bytes; the limit is {limit}", "field": None}, status=413
+            )
+        return run(request, *args, **kwargs)
+
+    return check
+
+
+api.add_decorator(_limit_body, mode="view")
+
+
+def _need(request, perm):
+    if not request.auth.can(perm):
+        raise HttpError(403, f"this write needs the {perm} permission (or a read-write API key)")
+    return request.auth.actor
+
+
+# --- errors: every refusal is JSON {"error": ..., "field": ...} -----------------------
+
+
+def _error(request, status, message, field=None, **extra):
+    return api.create_response(request, {"error": message, "field": field, **extra}, status=status)
+
+
+@api.exception_handler(InvalidJob)
+def _invalid_job(request, exc):
+    return _error(request, 400, str(exc), exc.field)
+
+
+@api.exception_handler(ValidationError)
+def _invalid_input(request, exc):
+    def name(loc):
+        loc = [str(p) for p in loc]
+        # ("body", <parameter>, field...) / ("query", field) / ("path", field)
+        loc = loc[2:] if loc[:1] == ["body"] else loc[1:]
+        return ".".join(loc) or None
+
+    first = exc.errors[0] if exc.errors else {}
+    field = name(first.get("loc", ()))
+    message = f"{field}: {first.get('msg', 'invalid')}" if field else first.get("msg", "invalid request body")
+    details = [{"field": name(e.get("loc", ())), "message": e.get("msg", "")} for e in exc.errors]
+    return _error(request, 400, message, field, details=details)
+
+
+@api.exception_handler(JobNotFound)
+def _not_found(request, exc):
+    return _error(request, 404, str(exc))
+
+
+@api.exception_handler(InvalidTransition)
+def _conflict(request, exc):
+    return _error(request, 409, str(exc), state=exc.state)
+
+
+@api.exception_handler(AuthenticationError)
+def _unauthenticated(request, exc):
+    return _error(request, 401, f"send an API key in the {settings.API_KEY_HEADER} header or log in as staff")
+
+
+@api.exception_handler(HttpError)
+def _http_error(request, exc):
+    return _error(request, exc.status_code, str(exc))
+
+
+@api.exception_handler(Exception)
+def _unexpected(request, exc):
+    # The Http404 of get_object_or_404 arrives here too.
+    from django.http import Http404
+
+    if isinstance(exc, Http404):
+        return _error(request, 404, str(exc) or "not found")
+    raise exc
+
+
+# --- schemas ------------------------------------------------------------------------------
+
+
+class Refused(Schema):
+    error: str
+    field: str | None = None
+
+
+class JobIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: str = Field(..., description="Which handler runs the job.", examples=["email"])
+    payload: Any = Field(default=None, description="Any JSON value; {} when omitted.")
+    queue_name: str | None = None
+    priority: int | None = Field(default=None, description="-100..100, higher runs first.")
+    run_at: datetime | None = Field(default=None, description="Earliest start; timezone-aware ISO 8601.")
+    run_after: float | None = Field(default=None, description="Earliest start as seconds from now.")
+    max_attempts: int | None = None
+    idempotency_key: str | None = None
+    timeout: float | None = Field(default=None, description="Seconds one attempt may run.")
+
+
+class BulkIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+    jobs: list[JobIn]
+
+
+class RequeueIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+    payload: Any = Field(default=None, description="Replaces the payload when given.")
+    max_attempts: int | None = None
+
+
+class JobOut(Schema):
+    id: int
+    kind: str
+    queue_name: str
+    payload: Any
+    priority: int
+    run_at: datetime
+    state: str
+    status: str = Field(..., description="state, or retrying / scheduled for pending jobs.")
+    attempts: int
+    max_attempts: int
+    idempotency_key: str | None
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    result: Any
+    last_error: Any
+    timeout: float | None
+
+
+class EventOut(Schema):
+    id: int
+    type: str
+    at: datetime
+    attempt: int
+    worker: str
+    from_state: str
+    to_state: str
+    message: str
+    metadata: Any
+
+
+class JobDetail(JobOut):
+    events: list[EventOut]
+
+
+class JobPage(Schema):
+    items: list[JobOut]
+    next_before: int | None = Field(None, description="Pass as ?before= for the next (older) page.")
+
+
+class DeadLetterOut(Schema):
+    id: int
+    job_id: int
+    kind: str
+    payload: Any
+    attempts: int
+    error: Any
+    reason: str
+    created_at: datetime
+    resolved_at: datetime | None
+    resolution: str
+
+
+class DeadLetterPage(Schema):
+    items: list[DeadLetterOut]
+    next_before: int | None = None
+
+
+class WorkerOut(Schema):
+    id: int
+    name: str
+    host: str
+    pid: int
+    queues: Any
+    kinds: Any
+    concurrency: int
+    threads: int
+    state: str
+    started_at: datetime
+    last_heartbeat: datetime
+    stopped_at: datetime | None
+    stop_requested_at: datetime | None
+    jobs_in_hand: int
+    jobs_done: int
+
+
+class Stats(Schema):
+    jobs: dict[str, int]
+    jobs_by_queue: dict[str, dict[str, int]]
+    jobs_by_kind: dict[str, dict[str, int]]
+    events: dict[str, int]
+    oldest_pending_seconds: float
+    dead_letters: int
+    workers: dict[str, int]
+
+
+# --- input checks the database would otherwise turn into 500s -------------------------------
+
+
+def _text_ok(value, field):
+    """PostgreSQL cannot store NUL in text or jsonb; no driver can send a lone surrogate."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise InvalidJob(f"{field} may not contain the NUL character (\\u0000)", field)
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidJob(f"{field} holds an unpaired UTF-16 surrogate; send valid Unicode", field) from None
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _text_ok(k, field)
+            _text_ok(v, field)
+    elif isinstance(value, list):
+        for v in value:
+            _text_ok(v, field)
+
+
+def _options(job: JobIn):
+    for field in ("payload", "idempotency_key", "kind", "queue_name"):
+        _text_ok(getattr(job, field), field)
+    data = job.model_dump(exclude_unset=True)
+    return data.pop("kind"), data.pop("payload", None), data
+
+
+def _name_filter(value, field):
+    if value is not None and (len(value) > 255 or not NAME_RE.match(value)):
+        raise InvalidJob(f"{field} {value[:50]!r} is not a valid {field} name", field)
+    return value
+
+
+def _limit(value):
+    return min(value or settings.API_PAGE_SIZE, settings.API_MAX_PAGE_SIZE)
+
+
+def _page(qs, before, limit):
+    if before is not None:
+        qs = qs.filter(id__lt=before)
+    rows = list(qs.order_by("-id")[: limit + 1])
+    return rows[:limit], (rows[limit - 1].id if len(rows) > limit else None)
+
+
+# --- jobs ------------------------------------------------------------------------------------
+
+
+@api.post("/jobs", response={200: JobOut, 201: JobOut, 400: Refused, 403: Refused}, tags=["jobs"])
+def create_job(request: HttpRequest, job: JobIn = Body(...)):
+    """Enqueue a job: 201 with the new job, 200 with the existing one on an idempotency-key match."""
+    _need(request, "queue_app.add_job")
+    kind, payload, options = _options(job)
+    created = enqueueing.enqueue(kind, payload, **options)
+    return (201 if created.was_created else 200), created
+
+
+@api.post("/jobs/bulk", response={201: list[JobOut], 400: Refused, 403: Refused}, tags=["jobs"])
+def create_jobs(request: HttpRequest, body: BulkIn):
+    """Enqueue many jobs in one transaction: all or none."""
+    _need(request, "queue_app.add_job")
+    if not 1 <= len(body.jobs) <= settings.MAX_BATCH:
+        raise InvalidJob(f"jobs must hold 1..{settings.MAX_BATCH} entries, got {len(body.jobs)}", "jobs")
+    specs = []
+    for i, job in enumerate(body.jobs):
+        try:
+            kind, payload, options = _options(job)
+        except InvalidJob as exc:
+            raise InvalidJob(f"job {i}: {exc}", exc.field) from None
+        specs.append({"kind": kind, "payload": payload, **options})
+    return 201, enqueueing.bulk_enqueue(specs)
+
+
+@api.get("/jobs", response={200: JobPage, 400: Refused}, tags=["jobs"])
+def list_jobs(
+    request: HttpRequest,
+    state: StateName | None = None,
+    kind: str | None = Query(None, max_length=255),
+    queue: str | None = Query(None, max_length=255),
+    before: int | None = Query(None, ge=1, le=MAX_ID, description="Only jobs with a smaller id."),
+    limit: int | None = Query(None, ge=1, le=10_000),
+):
+    """Jobs, newest first, filtered by state, kind and queue; paginate with ``before``."""
+    qs = Job.objects.all()
+    if state:
+        qs = qs.filter(state=state)
+    if _name_filter(kind, "kind"):
+        qs = qs.filter(kind=kind)
+    if _name_filter(queue, "queue"):
+        qs = qs.filter(queue_name=queue)
+    items, next_before = _page(qs, before, _limit(limit))
+    return {"items": items, "next_before": next_before}
+
+
+@api.get("/jobs/{job_id}", response={200: JobDetail, 404: Refused}, tags=["jobs"])
+def get_job(request: HttpRequest, job_id: int = JobId):
+    """One job with its whole event timeline."""
+    job = Job.objects.filter(id=job_id).prefetch_related("events").first()
+    if job is None:
+        raise JobNotFound(job_id)
+    return job
+
+
+@api.delete("/jobs/{job_id}", response={200: JobOut, 403: Refused, 404: Refused, 409: Refused}, tags=["jobs"])
+def cancel_job(request: HttpRequest, job_id: int = JobId):
+    """Cancel a pending (or, cooperatively, a leased) job; 409 when it has finished."""
+    actor = _need(request, "queue_app.change_job")
+    return transitions.cancel(job_id, actor=actor, reason="cancelled over the API")
+
+
+@api.post("/jobs/{job_id}/requeue", response={200: JobOut, 400: Refused, 403: Refused, 404: Refused, 409: Refused}, tags=["jobs"])
+def requeue_job(request: HttpRequest, job_id: int = JobId, body: RequeueIn | None = Body(None)):
+    """Send a dead-lettered or cancelled job back to pending with a fresh budget."""
+    actor = _need(request, "queue_app.change_job")
+    kwargs = {}
+    if body is not None:
+        fields = body.model_dump(exclude_unset=True)
+        if "payload" in fields:
+            _text_ok(fields["payload"], "payload")
+            kwargs["payload"] = {} if fields["payload"] is None else fields["payload"]
+        if fields.get("max_attempts") is not None:
+            kwargs["max_attempts"] = fields["max_attempts"]
+    return transitions.requeue(job_id, actor=actor, **kwargs)
+
+
+# --- stats, dead letters, workers ------------------------------------------------------------
+
+
+@api.get("/stats", response=Stats, tags=["queue"])
+def stats(request: HttpRequest):
+    """Job counts by state, queue and kind; event totals; backlog age; dead letters; workers."""
+    snap = metrics.snapshot()
+
+    def nest(pairs):
+        out = {}
+        for (name, state), n in sorted(pairs.items()):
+            out.setdefault(name, {})[state] = n
+        return out
+
+    return {
+        "jobs": snap.jobs,
+        "jobs_by_queue": nest(snap.jobs_by_queue),
+        "jobs_by_kind": nest(snap.jobs_by_kind),
+        "events": snap.events,
+        "oldest_pending_seconds": snap.oldest_pending_seconds,
+        "dead_letters": snap.dead_letters,
+        "workers": snap.workers,
+    }
+
+
+@api.get("/dead-letters", response={200: DeadLetterPage, 400: Refused}, tags=["dead letters"])
+def list_dead_letters(
+    request: HttpRequest,
+    resolved: bool = Query(False, description="true: resolved ones instead of open ones."),
+    before: int | None = Query(None, ge=1, le=MAX_ID),
+    limit: int | None = Query(None, ge=1, le=10_000),
+):
+    """Dead letters, newest first: unresolved unless ?resolved=true."""
+    qs = DeadLetter.objects.filter(resolved_at__isnull=not resolved)
+    items, next_before = _page(qs, before, _limit(limit))
+    return {"items": items, "next_before": next_before}
+
+
+@api.post(
+    "/dead-letters/{letter_id}/replay",
+    response={200: JobOut, 403: Refused, 404: Refused, 409: Refused},
+    tags=["dead letters"],
+)
+def replay_dead_letter(request: HttpRequest, letter_id: int = Path(..., ge=1, le=MAX_ID)):
+    """Requeue the dead letter's job; 409 when it was already resolved."""
+    actor = _need(request, "queue_app.change_job")
+    letter = get_object_or_404(DeadLetter, id=letter_id)
+    if letter.resolved_at is not None:
+        return 409, {"error": f"dead letter {letter_id} was already {letter.resolution or 'resolved'}", "field": None}
+    return transitions.requeue(letter.job_id, actor=actor)
+
+
+@api.get("/workers", response=list[WorkerOut], tags=["queue"])
+def list_workers(request: HttpRequest, limit: int | None = Query(None, ge=1, le=10_000)):
+    """Registered workers, newest first."""
+    return list(Worker.objects.order_by("-started_at", "-id")[: _limit(limit)])

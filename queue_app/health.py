@@ -1,0 +1,51 @@
+"""GET /health: is this deployment able to run jobs? 200 when every check passes, else 503.
+
+Checks: the database answers, every migration is applied, and at least
+HEALTH_MIN_WORKERS workers have a fresh heartbeat (set it to 0 for web-only nodes).
+It reports counts only, so it needs no credentials.
+"""
+from datetime import timedelta
+
+from django.db import DatabaseError, connections, router
+from django.db.migrations.executor import MigrationExecutor
+from django.http import JsonResponse
+from django.utils import timezone
+from django.views.decorators.http import require_GET
+
+from queue_app.conf import settings
+from queue_app.models import Job, Worker
+
+
+def check(using=None):
+    """Run the checks; return (healthy, {check: {"ok": bool, ...}})."""
+    db = using or router.db_for_read(Job)
+    checks = {}
+    try:
+        with connections[db].cursor() as cursor:
+            cursor.execute("SELECT 1")
+        checks["database"] = {"ok": True}
+    except DatabaseError as exc:
+        checks["database"] = {"ok": False, "error": str(exc).strip()[:200]}
+        return False, checks
+    try:
+        executor = MigrationExecutor(connections[db])
+        plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
+        pending = [f"{m.app_label}.{m.name}" for m, _ in plan]
+        checks["migrations"] = {"ok": not pending, "unapplied": pending[:20]}
+    except DatabaseError as exc:
+        checks["migrations"] = {"ok": False, "error": str(exc).strip()[:200]}
+        return False, checks
+    need = settings.HEALTH_MIN_WORKERS
+    try:
+        fresh = timezone.now() - timedelta(seconds=settings.HEALTH_WORKER_STALE_SECONDS)
+        alive = Worker.objects.using(db).alive().filter(last_heartbeat__gte=fresh).count()
+        checks["workers"] = {"ok": alive >= need, "alive": alive, "required": need}
+    except DatabaseError as exc:
+        checks["workers"] = {"ok": need == 0, "error": str(exc).strip()[:200], "required": need}
+    return all(c["ok"] for c in checks.values()), checks
+
+
+@require_GET
+def health_view(request):
+    healthy, checks = check()
+    return JsonResponse({"status": "ok" if healthy else "unhealthy", "checks": checks}, status=200 if healthy else 503)

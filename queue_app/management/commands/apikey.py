@@ -1,0 +1,34 @@
+from django.core.management.base import BaseCommand, CommandError
+
+from queue_app import api_auth
+from queue_app.models import ApiKey
+
+
+class Command(BaseCommand):
+    help = "Create, list or revoke API keys for the JSON API (keys are stored hashed)."
+
+    def add_arguments(self, parser):
+        sub = parser.add_subparsers(dest="action", required=True)
+        create = sub.add_parser("create", help="Create a key and print it once.")
+        create.add_argument("name")
+        create.add_argument("--read-only", action="store_true", help="The key may read but not write.")
+        sub.add_parser("list", help="List keys (names and prefixes, never the keys).")
+        revoke = sub.add_parser("revoke", help="Revoke a key by name.")
+        revoke.add_argument("name")
+
+    def handle(self, *args, action, **options):
+        try:
+            if action == "create":
+                key, raw = api_auth.create(options["name"], can_write=not options["read_only"])
+                self.stderr.write(f"created key {key.name!r}; it is shown only now:")
+                self.stdout.write(raw)
+            elif action == "revoke":
+                api_auth.revoke(options["name"])
+                self.stdout.write(f"revoked {options['name']}")
+            else:
+                for key in ApiKey.objects.all():
+                    status = "revoked" if key.revoked_at else ("read-write" if key.can_write else "read-only")
+                    used = key.last_used_at.isoformat() if key.last_used_at else "never"
+                    self.stdout.write(f"{key.name}\t{key.prefix}…\t{status}\tlast used {used}")
+        except api_auth.ApiKeyError as exc:
+            raise CommandError(str(exc)) from None
