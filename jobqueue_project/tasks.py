@@ -1,0 +1,43 @@
+"""Example django.tasks functions; with TASKS pointing at our backend they run on runworker.
+
+    from jobqueue_project.tasks import send_welcome_email
+    result = send_welcome_email.enqueue("ada@example.com")
+    result.id                      # the job's id: `manage.py history <id>`
+    result.refresh(); result.status, result.return_value
+
+Per call: ``send_welcome_email.using(priority=50, run_after=later, idempotency_key="welcome:42")``.
+"""
+import asyncio
+import logging
+
+from django.tasks import task
+
+log = logging.getLogger(__name__)
+
+
+@task
+def add(a, b):
+    """A plain task: its return value is stored as the job's result."""
+    return a + b
+
+
+@task(priority=10, max_attempts=5, timeout=60)
+def send_welcome_email(address):
+    """Our extras (max_attempts, timeout) ride on @task as keyword arguments."""
+    log.info("would send a welcome email to %s", address)
+    return {"sent_to": address}
+
+
+@task(takes_context=True)
+def flaky_report(context, day):
+    """Fails on its first attempt; the retry (context.attempt == 2) succeeds."""
+    if context.attempt < 2:
+        raise RuntimeError(f"report for {day} not ready yet (attempt {context.attempt})")
+    return {"day": day, "attempt": context.attempt, "job": context.task_result.id}
+
+
+@task
+async def fetch_status(url):
+    """``async def`` tasks run on an event loop in the worker."""
+    await asyncio.sleep(0.01)
+    return {"url": url, "status": "ok"}

@@ -1,0 +1,239 @@
+"""The django.tasks backend: a site's ``@task`` functions become ordinary jobs.
+
+    TASKS = {
+        "default": {
+            "BACKEND": "queue_app.backends.DatabaseBackend",
+            "QUEUES": ["default", "emails"],          # [] allows any queue name
+            "OPTIONS": {
+                "database": "default",   # the DATABASES alias jobs are written to
+                "max_attempts": 5,       # backend-wide defaults for our extras
+                "timeout": 300,
+            },
+        },
+    }
+
+A task's job has kind = the task's module path and payload = {"args": [...],
+"kwargs": {...}}; priority, queue_name and run_after (-> run_at) carry over. Our extras
+(max_attempts, timeout, idempotency_key) are task options: ``@task(max_attempts=5)``
+on Django 6.1, ``.using(idempotency_key=...)`` per call, or ``with_options(task, ...)``
+on Django 6.0, whose ``@task`` does not pass extra keyword arguments on.
+"""
+from dataclasses import dataclass, fields, replace
+
+from asgiref.sync import sync_to_async
+from django.apps import apps
+from django.conf import settings as django_settings
+from django.core import checks
+from django.db import router, transaction
+from django.tasks import DEFAULT_TASK_QUEUE_NAME, Task
+from django.tasks.backends.base import BaseTaskBackend
+from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+from django.tasks.signals import task_enqueued
+from django.utils.json import normalize_json
+
+from queue_app import enqueueing, registry, task_results, validation
+from queue_app.conf import settings
+from queue_app.exceptions import InvalidJob, UnknownKind
+from queue_app.models import KIND_MAX_LENGTH, QUEUE_NAME_MAX_LENGTH, Job
+
+OPTION_NAMES = ("database", "max_attempts", "timeout")
+EXTRA_FIELDS = ("max_attempts", "timeout", "idempotency_key")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueueTask(Task):
+    """A django.tasks Task that also carries the queue's own job options."""
+
+    # Attempts before the job is dead-lettered; None: OPTIONS["max_attempts"] or JOBQUEUE's default.
+    max_attempts: int | None = None
+    # Seconds one attempt may run; None: OPTIONS["timeout"] or JOBQUEUE's default.
+    timeout: float | None = None
+    # Enqueueing a key that a live job holds returns that job instead of a new one.
+    idempotency_key: str | None = None
+
+    def using(
+        self,
+        *,
+        priority=None,
+        queue_name=None,
+        run_after=None,
+        backend=None,
+        max_attempts=None,
+        timeout=None,
+        idempotency_key=None,
+    ):
+        """Create a new Task with modified defaults."""
+        # Task is a slots dataclass, so zero-argument super() is not available here.
+        task = Task.using(self, priority=priority, queue_name=queue_name, run_after=run_after, backend=backend)
+        extras = {"max_attempts": max_attempts, "timeout": timeout, "idempotency_key": idempotency_key}
+        changes = {name: value for name, value in extras.items() if value is not None}
+        return replace(task, **changes) if changes else task
+
+
+def with_options(task, **options):
+    """Return a copy of ``task`` carrying our job options (max_attempts, timeout, idempotency_key).
+
+    For Django 6.0, whose ``@task`` does not pass extra keywords to the backend, and for
+    tasks created by another backend's ``task_class``.
+    """
+    unknown = sorted(set(options) - set(EXTRA_FIELDS))
+    if unknown:
+        raise TypeError(f"unknown task option(s): {', '.join(unknown)}; allowed: {', '.join(EXTRA_FIELDS)}")
+    base = {f.name: getattr(task, f.name) for f in fields(task)}
+    return QueueTask(**{**base, **options})
+
+
+def _invalid(exc):
+    return InvalidTask(str(exc))
+
+
+class DatabaseBackend(BaseTaskBackend):
+    task_class = QueueTask
+
+    # run_after becomes the job's run_at: no worker leases it earlier.
+    supports_defer = True
+    # Workers run ``async def`` tasks on an event loop.
+    supports_async_task = True
+    # Results are rows: any thread or process can read them.
+    supports_get_result = True
+    # Higher priority leases first (with aging, see ordering.py).
+    supports_priority = True
+
+    def __init__(self, alias, params):
+        # Stays lenient: check() reports bad settings, and it can only run once this succeeds.
+        super().__init__(alias, params)
+        self.params = params
+
+    @property
+    def database(self):
+        """The DATABASES alias this backend's jobs live in."""
+        return self.options.get("database") or router.db_for_write(Job)
+
+    def validate_task(self, task):
+        """Determine whether the provided Task can be executed by the backend."""
+        super().validate_task(task)
+        try:
+            validation.name(task.module_path, "the task's module path", KIND_MAX_LENGTH)
+            validation.name(task.queue_name, "queue_name", QUEUE_NAME_MAX_LENGTH)
+            if getattr(task, "max_attempts", None) is not None:
+                validation.max_attempts(task.max_attempts)
+            if getattr(task, "timeout", None) is not None:
+                validation.seconds(task.timeout, "timeout", maximum=settings.MAX_TIMEOUT_SECONDS)
+            validation.idempotency_key(getattr(task, "idempotency_key", None))
+        except InvalidJob as exc:
+            raise _invalid(exc) from None
+
+    def _job_options(self, task):
+        def pick(name):
+            value = getattr(task, name, None)
+            return self.options.get(name) if value is None else value
+
+        return {
+            "queue_name": task.queue_name,
+            "priority": task.priority,
+            "run_at": task.run_after,
+            "max_attempts": pick("max_attempts"),
+            "timeout": pick("timeout"),
+            "idempotency_key": getattr(task, "idempotency_key", None),
+        }
+
+    def enqueue(self, task, args, kwargs):
+        """Queue up a task to be executed."""
+        self.validate_task(task)
+        try:
+            payload = {"args": normalize_json(list(args)), "kwargs": normalize_json(dict(kwargs))}
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"{task.module_path}: task arguments must be JSON-serializable ({exc})") from None
+        try:
+            job = enqueueing.enqueue(task.module_path, payload, using=self.database, **self._job_options(task))
+        except InvalidJob as exc:
+            if exc.field == "payload":
+                raise
+            raise _invalid(exc) from None
+        if not job.was_created:
+            # The idempotency key matched a live job: report that job, as it stands.
+            return self.get_result(job.id)
+        result = task_results.pending(job, task, self.alias)
+        # Workers see the job only when the caller's transaction commits, so receivers
+        # hear about it then (at once outside a transaction; never after a rollback).
+        transaction.on_commit(
+            lambda: task_enqueued.send(type(self), task_result=result), using=self.database
+        )
+        return result
+
+    async def aenqueue(self, task, args, kwargs):
+        """Queue up a task function (or coroutine) to be executed."""
+        return await sync_to_async(self.enqueue, thread_sensitive=True)(task, args, kwargs)
+
+    def get_result(self, result_id):
+        """Retrieve a task result by id; raise TaskResultDoesNotExist if there is none."""
+        try:
+            job_id = int(str(result_id))
+        except ValueError:
+            raise TaskResultDoesNotExist(result_id) from None
+        job = Job.objects.using(self.database).filter(id=job_id).first()
+        if job is None:
+            raise TaskResultDoesNotExist(result_id)
+        try:
+            task = registry.task_for(job.kind)
+        except UnknownKind as exc:
+            raise TaskResultDoesNotExist(f"job {job.id} ({job.state}) is not a task here: {exc}") from None
+        return task_results.from_job(job, task, self.alias)
+
+    async def aget_result(self, result_id):
+        """See get_result()."""
+        return await sync_to_async(self.get_result, thread_sensitive=True)(result_id)
+
+    def check(self, **kwargs):
+        yield from super().check(**kwargs)
+        where = f"TASKS[{self.alias!r}]"
+        if not apps.is_installed("queue_app"):
+            yield checks.Error(
+                f"{where} uses {type(self).__name__}, but queue_app is not in INSTALLED_APPS.",
+                hint="Add 'queue_app' to INSTALLED_APPS and run migrate.",
+                id="queue_app.E001",
+            )
+        queues = self.params.get("QUEUES", [DEFAULT_TASK_QUEUE_NAME])
+        if isinstance(queues, (str, bytes)) or not all(isinstance(q, str) for q in queues):
+            yield checks.Error(
+                f"{where}['QUEUES'] must be a list of queue names, got {queues!r}.",
+                hint='For example "QUEUES": ["default", "emails"]; [] allows any name.',
+                id="queue_app.E002",
+            )
+        else:
+            for queue in queues:
+                try:
+                    validation.name(queue, "queue name", QUEUE_NAME_MAX_LENGTH)
+                except InvalidJob as exc:
+                    yield checks.Error(f"{where}['QUEUES']: {exc}.", id="queue_app.E003")
+            if queues and DEFAULT_TASK_QUEUE_NAME not in queues:
+                yield checks.Warning(
+                    f"{where}['QUEUES'] does not include {DEFAULT_TASK_QUEUE_NAME!r}, the queue "
+                    "@task uses when not given queue_name: such tasks are refused at import.",
+                    hint=f"Add {DEFAULT_TASK_QUEUE_NAME!r} to QUEUES or give every @task a queue_name.",
+                    id="queue_app.W001",
+                )
+        if not isinstance(self.options, dict):
+            yield checks.Error(f"{where}['OPTIONS'] must be a dict.", id="queue_app.E004")
+            return
+        unknown = sorted(set(self.options) - set(OPTION_NAMES))
+        if unknown:
+            yield checks.Error(
+                f"{where}['OPTIONS'] has unknown key(s): {', '.join(map(str, unknown))}.",
+                hint=f"Known keys: {', '.join(OPTION_NAMES)}.",
+                id="queue_app.E005",
+            )
+        database = self.options.get("database")
+        if database is not None and database not in django_settings.DATABASES:
+            yield checks.Error(
+                f"{where}['OPTIONS']['database'] is {database!r}, which is not in DATABASES.",
+                hint=f"Use one of: {', '.join(django_settings.DATABASES)}.",
+                id="queue_app.E006",
+            )
+        try:
+            if self.options.get("max_attempts") is not None:
+                validation.max_attempts(self.options["max_attempts"])
+            if self.options.get("timeout") is not None:
+                validation.seconds(self.options["timeout"], "timeout", maximum=settings.MAX_TIMEOUT_SECONDS)
+        except InvalidJob as exc:
+            yield checks.Error(f"{where}['OPTIONS']: {exc}.", id="queue_app.E007")

@@ -1,0 +1,219 @@
+"""django.tasks TaskResults read from our rows, and running a Task job in a worker.
+
+A result's history comes from the job's Event rows: each ``claimed`` event is an
+attempt (a ``released`` one gives it back), each ``failed``, ``dead_lettered`` or
+``recovered`` event is one failed attempt and becomes one TaskError. The history
+spans operator requeues, so ``attempt`` keeps counting after one.
+"""
+import builtins
+import traceback
+from dataclasses import replace
+
+from django.db import router
+from django.tasks import TaskContext, TaskResult, TaskResultStatus
+from django.tasks.base import TaskError
+from django.tasks.exceptions import InvalidTask
+from django.tasks.signals import task_finished, task_started
+from django.utils import timezone
+from django.utils.json import normalize_json
+
+from queue_app import validation
+from queue_app.exceptions import InvalidJob
+from queue_app.models import Event, EventType, Job, State
+
+STATUS = {
+    State.PENDING: TaskResultStatus.READY,
+    State.LEASED: TaskResultStatus.RUNNING,
+    State.COMPLETED: TaskResultStatus.SUCCESSFUL,
+    State.DEAD_LETTER: TaskResultStatus.FAILED,
+    State.CANCELLED: TaskResultStatus.FAILED,
+}
+ERROR_EVENTS = (EventType.FAILED, EventType.DEAD_LETTERED, EventType.RECOVERED)
+HISTORY_EVENTS = (EventType.CLAIMED, EventType.RELEASED, *ERROR_EVENTS)
+
+
+class LeaseExpired(Exception):
+    """The worker running an attempt stopped renewing its lease (it died or hung)."""
+
+
+def _class_path(type_name):
+    """A dotted path TaskError.exception_class can import, from our stored error type."""
+    if "." in type_name:
+        return type_name
+    if isinstance(getattr(builtins, type_name, None), type):
+        return f"builtins.{type_name}"
+    if type_name == "LeaseExpired":
+        return f"{__name__}.LeaseExpired"
+    return type_name
+
+
+def task_error(error):
+    """A TaskError from the JSON a failed attempt stored (transitions.error_info)."""
+    error = error if isinstance(error, dict) else {"type": "Exception", "message": str(error)}
+    type_name = str(error.get("type") or "Exception")
+    tb = error.get("traceback") or f"{type_name}: {error.get('message', '')}\n"
+    return TaskError(exception_class_path=_class_path(type_name), traceback=tb)
+
+
+def arguments(job):
+    """The (args, kwargs) a Task job's payload holds."""
+    payload = job.payload
+    if not isinstance(payload, dict) or not set(payload) <= {"args", "kwargs"}:
+        raise TypeError(f'job {job.id}: a task payload is {{"args": [...], "kwargs": {{...}}}}, got {payload!r}')
+    args, kwargs = payload.get("args", []), payload.get("kwargs", {})
+    if not isinstance(args, list) or not isinstance(kwargs, dict):
+        raise TypeError(f"job {job.id}: payload args must be a list and kwargs an object, got {payload!r}")
+    return args, kwargs
+
+
+def _db(job):
+    return job._state.db or router.db_for_read(Job)
+
+
+def _history(job):
+    return list(
+        Event.objects.using(_db(job)).filter(job_id=job.id, type__in=HISTORY_EVENTS).order_by("id")
+    )
+
+
+def _task_for_job(task, job, alias):
+    """The task as this job holds it: the row's priority and queue, read through ``alias``.
+
+    The row's budget and timeout stay on the row (Job.max_attempts, Job.timeout).
+    """
+    changes = {"backend": alias, "priority": job.priority, "queue_name": job.queue_name}
+    for attempt in (changes, {"backend": alias}):
+        try:
+            return replace(task, **attempt)
+        except InvalidTask:
+            # Rows an operator edited (a queue this backend does not list) still read.
+            continue
+    return task
+
+
+def from_job(job, task, alias, events=None):
+    """Build the TaskResult for ``job``, whose kind resolved to ``task``."""
+    events = _history(job) if events is None else events
+    worker_ids, attempted, errors = [], [], []
+    for event in events:
+        if event.type == EventType.CLAIMED:
+            worker_ids.append(event.worker)
+            attempted.append(event.at)
+        elif event.type == EventType.RELEASED and worker_ids:
+            # Given back before it started: not an attempt.
+            worker_ids.pop()
+            attempted.pop()
+        elif event.type in ERROR_EVENTS:
+            errors.append(task_error(event.metadata.get("error")))
+    try:
+        args, kwargs = arguments(job)
+    except TypeError:
+        args, kwargs = [], {}  # an edited payload the worker will refuse; still report the job
+    status = STATUS[job.state]
+    result = TaskResult(
+        task=_task_for_job(task, job, alias),
+        id=str(job.id),
+        status=status,
+        enqueued_at=job.created_at,
+        started_at=attempted[0] if attempted else job.started_at,
+        finished_at=job.finished_at if status in (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED) else None,
+        last_attempted_at=attempted[-1] if attempted else None,
+        args=args,
+        kwargs=kwargs,
+        backend=alias,
+        errors=errors,
+        worker_ids=worker_ids,
+    )
+    if job.state == State.COMPLETED:
+        object.__setattr__(result, "_return_value", job.result)
+    return result
+
+
+def pending(job, task, alias):
+    """The TaskResult of a job just enqueued: ready, no history yet."""
+    args, kwargs = arguments(job)
+    return TaskResult(
+        task=task,
+        id=str(job.id),
+        status=TaskResultStatus.READY,
+        enqueued_at=job.created_at,
+        started_at=None,
+        finished_at=None,
+        last_attempted_at=None,
+        args=args,
+        kwargs=kwargs,
+        backend=alias,
+        errors=[],
+        worker_ids=[],
+    )
+
+
+# --- running a Task job in a worker --------------------------------------------------------
+
+
+def _backend_for(task, db):
+    """The (alias, backend class) that owns jobs in ``db``; the task's own backend first."""
+    from django.tasks import task_backends
+
+    from queue_app.backends import DatabaseBackend
+
+    candidates = [task.backend] + [alias for alias in task_backends.settings if alias != task.backend]
+    for alias in candidates:
+        try:
+            backend = task_backends[alias]
+        except Exception:  # noqa: BLE001  a misconfigured alias must not stop the job
+            continue
+        if isinstance(backend, DatabaseBackend) and backend.database == db:
+            return alias, type(backend)
+    return task.backend, DatabaseBackend
+
+
+def _set(result, **values):
+    # TaskResult is frozen; Django's own backends update it this way too.
+    for name, value in values.items():
+        object.__setattr__(result, name, value)
+
+
+def run(job, task):
+    """Run a claimed Task job: call its function and fire task_started / task_finished.
+
+    task_finished fires when the call returns or raises, with the status the job is
+    about to get: SUCCESSFUL, READY (a retry is coming) or FAILED (dead-lettered). It is
+    sent inside the exception handler, so receivers (and Django's logger) see exc_info.
+    """
+    args, kwargs = arguments(job)
+    alias, sender = _backend_for(task, _db(job))
+    result = from_job(job, task, alias)
+    task_started.send(sender=sender, task_result=result)
+    try:
+        if task.takes_context:
+            value = task.call(TaskContext(task_result=result), *args, **kwargs)
+        else:
+            value = task.call(*args, **kwargs)
+    except Exception as exc:
+        error = {"type": _exc_type(exc), "message": str(exc), "traceback": traceback.format_exc()}
+        result.errors.append(task_error(error))
+        retrying = job.attempts < job.max_attempts
+        _finish(result, sender, TaskResultStatus.READY if retrying else TaskResultStatus.FAILED)
+        raise
+    try:
+        value = validation.payload(normalize_json(value), "the task's return value")
+    except (TypeError, ValueError, InvalidJob) as exc:
+        # execute() dead-letters a value the result column cannot hold; say so now.
+        result.errors.append(task_error({"type": _exc_type(exc), "message": str(exc), "traceback": ""}))
+        _finish(result, sender, TaskResultStatus.FAILED)
+        return value
+    _set(result, _return_value=value)
+    _finish(result, sender, TaskResultStatus.SUCCESSFUL)
+    return value
+
+
+def _exc_type(exc):
+    cls = type(exc)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _finish(result, sender, status):
+    finished = status in (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED)
+    _set(result, status=status, finished_at=timezone.now() if finished else None)
+    task_finished.send(sender=sender, task_result=result)

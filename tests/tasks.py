@@ -1,0 +1,61 @@
+"""django.tasks functions the tests enqueue (module-level, as Django requires)."""
+import asyncio
+
+from django.tasks import task
+
+
+class TaskBoom(Exception):
+    pass
+
+
+@task
+def noop():
+    return None
+
+
+@task
+def add(a, b):
+    return a + b
+
+
+@task
+def echo(*args, **kwargs):
+    return {"args": list(args), "kwargs": kwargs}
+
+
+@task
+def fail(message="boom"):
+    raise TaskBoom(message)
+
+
+@task
+def fail_builtin():
+    raise ValueError("plain value error")
+
+
+@task(takes_context=True)
+def attempt_number(context):
+    return {"attempt": context.attempt, "id": context.task_result.id, "workers": context.task_result.worker_ids}
+
+
+@task(takes_context=True)
+def fail_until_third_attempt(context):
+    if context.attempt < 3:
+        raise TaskBoom(f"attempt {context.attempt}")
+    return context.attempt
+
+
+@task
+async def async_add(a, b):
+    await asyncio.sleep(0)
+    return a + b
+
+
+@task
+def returns_set():
+    return {1, 2}
+
+
+@task(max_attempts=7, timeout=12.5)
+def with_extras():
+    return "extras"
