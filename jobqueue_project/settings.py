@@ -113,11 +113,21 @@ STORAGES = {
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
 }
 
+# django.tasks: @task functions run on our workers (queue_app/backends.py).
+TASKS = {"default": {"BACKEND": "queue_app.backends.DatabaseBackend"}}
+
 # The queue's own knobs; every key is optional (defaults in queue_app/conf.py).
 JOBQUEUE = {
     "LEASE_SECONDS": env.float("JOBQUEUE_LEASE_SECONDS", default=30.0),
     "AGING_INTERVAL": env.float("JOBQUEUE_AGING_INTERVAL", default=30.0),
     "DEFAULT_MAX_ATTEMPTS": env.int("JOBQUEUE_DEFAULT_MAX_ATTEMPTS", default=3),
+    # The bundled sample workloads, so `enqueue --kind email` then `runworker --kind email` works.
+    "HANDLERS": {
+        "email": "queue_app.samples.email",
+        "report": "queue_app.samples.report",
+        "flaky": "queue_app.samples.flaky",
+        "slow": "queue_app.samples.slow",
+    },
 }
 
 LOGGING = {
