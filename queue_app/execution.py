@@ -11,7 +11,7 @@ import socket
 import traceback
 import uuid
 
-from queue_app import registry, transitions
+from queue_app import registry, task_results, transitions
 from queue_app.exceptions import UnknownKind
 
 log = logging.getLogger("queue_app")
@@ -24,6 +24,9 @@ def default_worker_id():
 def call_handler(job):
     """Run the job's handler and return its value (awaiting it if it is a coroutine)."""
     func = registry.get(job.kind)
+    if registry.is_task(func):
+        # A django.tasks function: args/kwargs, TaskContext and Django's task signals.
+        return task_results.run(job, func)
     result = func(job.payload, job=job) if registry.wants_job(func) else func(job.payload)
     if inspect.isawaitable(result):
         result = asyncio.run(_await(result))

@@ -1,6 +1,13 @@
-"""kind -> handler. A handler takes the job's payload (and, if it asks, the job)."""
-import inspect
+"""kind -> handler. A handler takes the job's payload (and, if it asks, the job).
 
+A kind nobody registered may be the module path of a django.tasks Task
+(``myapp.tasks.send_report``): get() resolves it to that Task.
+"""
+import importlib
+import inspect
+import sys
+
+from django.tasks import Task
 from django.utils.module_loading import import_string
 
 from queue_app.conf import settings
@@ -29,11 +36,44 @@ def unregister(kind):
 
 
 def get(kind):
-    """Return the handler for ``kind`` or raise UnknownKind."""
+    """Return the handler for ``kind`` (a registered function or a Task) or raise UnknownKind."""
     try:
         return _handlers[kind]
     except KeyError:
-        raise UnknownKind(kind) from None
+        return task_for(kind)
+
+
+class UnknownTask(UnknownKind):
+    """A dotted kind that does not lead to a django.tasks Task."""
+
+    def __init__(self, kind, reason):
+        super().__init__(kind)
+        self.args = (f"no handler registered for kind {kind!r}, and it is not a django.tasks Task: {reason}",)
+
+
+def task_for(kind):
+    """Return the django.tasks Task whose module path is ``kind``, or raise UnknownKind.
+
+    Only a module attribute that already is a Task instance is returned; nothing is
+    called. Standard-library modules are never imported for a kind.
+    """
+    module_path, _, name = kind.rpartition(".")
+    if not module_path or not all(part.isidentifier() for part in kind.split(".")):
+        raise UnknownKind(kind)
+    if module_path.partition(".")[0] in sys.stdlib_module_names:
+        raise UnknownTask(kind, f"{module_path} is a standard-library module")
+    try:
+        module = importlib.import_module(module_path)
+    except ImportError as exc:
+        raise UnknownTask(kind, f"module {module_path} does not import ({exc})") from None
+    found = getattr(module, name, None)
+    if not isinstance(found, Task):
+        raise UnknownTask(kind, f"{module_path}.{name} is {'missing' if found is None else 'not a Task'}")
+    return found
+
+
+def is_task(func):
+    return isinstance(func, Task)
 
 
 def kinds():
