@@ -116,9 +116,6 @@ STORAGES = {
 # django.tasks: @task functions run on our workers (queue_app/backends.py).
 TASKS = {"default": {"BACKEND": "queue_app.backends.DatabaseBackend"}}
 
-# django.tasks: @task functions run on our workers (queue_app/backends.py).
-TASKS = {"default": {"BACKEND": "queue_app.backends.DatabaseBackend"}}
-
 # The queue's own knobs; every key is optional (defaults in queue_app/conf.py).
 JOBQUEUE = {
     "LEASE_SECONDS": env.float("JOBQUEUE_LEASE_SECONDS", default=30.0),
