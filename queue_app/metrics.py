@@ -53,6 +53,8 @@ LOST = "lost"
 WORKER_STATES = (*WorkerState.values, LOST)
 # ids a fold looks up in one IN (...): below SQLite's and MariaDB's parameter limits.
 _CHUNK = 500
+# Ids watched for a late commit, at most (the newest are kept).
+_MAX_GAPS = 10_000
 # A scrape keeps folding full batches for at most this long, then answers; the rest
 # is folded by the next scrape (the totals lag, they never go down).
 _FOLD_SECONDS = 2.0
@@ -131,7 +133,10 @@ def _fold(db, now):
     if new:
         seen = {row[0] for row in new}
         hi = new[-1][0]
-        for missing in range(max(last + 1, hi - batch + 1), hi):
+        # Before the first fold, ids below the first one seen are history (pruned or
+        # rolled back long ago), not transactions still in flight.
+        low = last + 1 if last else new[0][0]
+        for missing in range(max(low, hi - batch + 1), hi):
             if missing not in seen:
                 gaps.setdefault(missing, now.timestamp())
         last = hi
@@ -139,10 +144,10 @@ def _fold(db, now):
     for row in rows:
         counts[row[1]] = counts.get(row[1], 0) + 1
     horizon = now.timestamp() - settings.METRICS_GAP_SECONDS
-    gaps = {k: v for k, v in gaps.items() if v >= horizon}
+    gaps = dict(sorted((k, v) for k, v in gaps.items() if v >= horizon)[-_MAX_GAPS:])
     changed = MetricsCheckpoint.objects.using(db).filter(
         id=1, last_event_id=cp.last_event_id, folded_at=cp.folded_at
-    ).update(last_event_id=last, gaps={str(k): v for k, v in sorted(gaps.items())}, folded_at=now)
+    ).update(last_event_id=last, gaps={str(k): v for k, v in gaps.items()}, folded_at=now)
     if not changed:
         raise _Raced
     for type_, n in counts.items():
@@ -343,4 +348,5 @@ def render(*, using=None):
 def close_connections():
     """Close this thread's connections (for servers outside Django's request cycle)."""
     for conn in connections.all(initialized_only=True):
-        conn.close()
+        if not conn.in_atomic_block:
+            conn.close()
