@@ -80,6 +80,23 @@ def _enqueued_event(job, now):
     )
 
 
+def _notify(db, jobs, now):
+    """Wake idle PostgreSQL workers for the ready jobs among ``jobs``.
+
+    NOTIFY inside the enqueuing transaction is delivered by PostgreSQL only when that
+    transaction (or the caller's outer one) commits, and dropped on rollback: the same
+    guarantee as transaction.on_commit without a second round trip after the commit.
+    """
+    channel = settings.NOTIFY_CHANNEL
+    if not channel or connections[db].vendor != "postgresql":
+        return
+    queues = sorted({job.queue_name for job in jobs if job.run_at <= now})
+    if queues:
+        with connections[db].cursor() as cursor:
+            for queue in queues:
+                cursor.execute("SELECT pg_notify(%s, %s)", [channel, queue])
+
+
 def enqueue(req, *, using=None):
     """Insert a validated EnqueueRequest; return (job, created).
 
@@ -99,6 +116,7 @@ def enqueue(req, *, using=None):
             with transaction.atomic(using=db):
                 job.save(using=db, force_insert=True)
                 _enqueued_event(job, now).save(using=db, force_insert=True)
+                _notify(db, [job], now)
         except IntegrityError:
             if req.idempotency_key is None:
                 raise
@@ -135,6 +153,7 @@ def bulk_enqueue(reqs, *, using=None):
             Event.objects.using(db).bulk_create([_enqueued_event(job, now) for job in jobs])
             for (i, _), job in zip(chunk, jobs):
                 out[i] = job
+        _notify(db, [job for _, job in plain], now)
     return out
 
 

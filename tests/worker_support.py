@@ -1,11 +1,22 @@
-"""Handlers for the worker tests, registered on import so that a `manage.py runworker
---import tests.worker_handlers` subprocess has them too."""
+"""Handlers and process helpers for the worker tests.
+
+The handlers register on import, so a `manage.py runworker --import tests.worker_support`
+subprocess has them too.
+"""
+import multiprocessing
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
-from queue_app import registry
+from django.conf import settings as django_settings
+from django.db import connection, connections
+
+from queue_app import registry, worker
 from tests import handlers
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def spin(payload):
@@ -35,11 +46,20 @@ def flaky(payload):
     return "ok"
 
 
+def stall_once(payload):
+    """Stall for a minute the first time (marker absent), succeed at once afterwards."""
+    path = Path(payload["path"])
+    if not path.exists():
+        path.write_text("stalled")
+        time.sleep(60)
+    return "ok"
+
+
 def noop(payload):
     return None
 
 
-ALL = {"spin": spin, "mark": mark, "flaky": flaky, "noop": noop}
+ALL = {"spin": spin, "mark": mark, "flaky": flaky, "stall_once": stall_once, "noop": noop}
 
 
 def register_all():
@@ -49,3 +69,77 @@ def register_all():
 
 
 register_all()
+
+
+# --- processes ------------------------------------------------------------------------------
+
+
+def start_worker(**options):
+    """Fork a runworker supervisor (it inherits this process's settings, test database
+    and handlers); return the Process. ``worker.run`` forks its own children from it."""
+    options.setdefault("poll", 0.05)
+    connections.close_all()
+    proc = multiprocessing.get_context("fork").Process(target=_worker_main, args=(options,))
+    proc.start()
+    return proc
+
+
+def _worker_main(options):
+    code = 1
+    try:
+        connections.close_all()
+        code = worker.run(worker.Options(**options))
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        connections.close_all()
+        os._exit(code)
+
+
+def run_worker(within=30, **options):
+    """Run a worker to the end (burst or max_jobs) and return its exit code."""
+    proc = start_worker(**options)
+    proc.join(within)
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
+        raise AssertionError(f"worker did not exit within {within}s")
+    return proc.exitcode
+
+
+def wait_for(predicate, timeout=10, interval=0.05, what="condition"):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def database_url():
+    """A DATABASE_URL for the live (test) database, for manage.py subprocesses."""
+    s = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{s['NAME']}"
+    scheme = {"postgresql": "postgres", "mysql": "mysql"}[connection.vendor]
+    auth = s["USER"] + (f":{s['PASSWORD']}" if s.get("PASSWORD") else "")
+    return f"{scheme}://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or ''}/{s['NAME']}"
+
+
+def manage(*args, **popen):
+    """Start ``manage.py *args`` with the test database; return the Popen."""
+    env = dict(os.environ, DATABASE_URL=database_url(), PYTHONUNBUFFERED="1")
+    env.pop("SQLITE_TEST_NAME", None)
+    connections.close_all()
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "manage.py"), *args],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen,
+    )
+
+
+def lease_settings(**overrides):
+    """JOBQUEUE for worker tests: the project's settings plus fast backoff."""
+    return {**getattr(django_settings, "JOBQUEUE", {}), **overrides}
