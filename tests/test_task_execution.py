@@ -1,0 +1,277 @@
+"""django.tasks functions running on our workers: results, errors, retries, context, signals."""
+import sys
+from datetime import timedelta
+
+import pytest
+from django.tasks import TaskResultStatus, default_task_backend
+from django.tasks.signals import task_enqueued, task_finished, task_started
+from django.utils import timezone
+
+from queue_app import enqueueing, registry, transitions
+from queue_app.backends import DatabaseBackend
+from queue_app.execution import run_one
+from queue_app.models import DeadLetter, Job, State
+from queue_app.registry import UnknownTask
+from queue_app.task_results import LeaseExpired
+from tests import handlers, tasks
+
+pytestmark = pytest.mark.django_db
+
+WORKER = "test-host:1:tasks"
+
+
+def run(worker=WORKER):
+    job = run_one(worker_id=worker)
+    assert job is not None, "no job was ready"
+    return job
+
+
+def retry(job):
+    """Make a job waiting out its backoff ready now (as an operator's "retry now")."""
+    transitions.retry_now(job.id)
+
+
+@pytest.fixture
+def signals():
+    seen = []
+
+    def receiver(signal, sender, task_result, **kwargs):
+        name = {task_enqueued: "enqueued", task_started: "started", task_finished: "finished"}[signal]
+        seen.append(
+            {
+                "signal": name,
+                "sender": sender,
+                "id": task_result.id,
+                "status": task_result.status,
+                "errors": len(task_result.errors),
+                "exc_info": sys.exc_info()[0],
+                "value": task_result._return_value,
+            }
+        )
+
+    for signal in (task_enqueued, task_started, task_finished):
+        signal.connect(receiver, dispatch_uid="test_task_execution")
+    yield seen
+    for signal in (task_enqueued, task_started, task_finished):
+        signal.disconnect(dispatch_uid="test_task_execution")
+
+
+def test_a_task_runs_on_a_worker_and_its_result_is_successful():
+    result = tasks.add.enqueue(2, b=3)
+    job = run()
+    assert job.state == State.COMPLETED and job.result == 5
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.is_finished
+    assert result.return_value == 5
+    assert result.worker_ids == [WORKER]
+    assert result.attempts == 1
+    assert result.errors == []
+    assert result.enqueued_at <= result.started_at <= result.last_attempted_at <= result.finished_at
+    assert result.finished_at == job.finished_at
+
+
+def test_a_task_returning_none_is_successful_with_none():
+    result = tasks.noop.enqueue()
+    run()
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value is None
+
+
+def test_a_running_task_reads_as_running():
+    result = tasks.add.enqueue(1, 1)
+    transitions.claim(WORKER)
+    result.refresh()
+    assert result.status == TaskResultStatus.RUNNING
+    assert result.worker_ids == [WORKER]
+    assert result.finished_at is None
+    with pytest.raises(ValueError, match="not finished"):
+        result.return_value
+
+
+def test_an_async_task_runs_on_an_event_loop():
+    result = tasks.async_add.enqueue(20, 22)
+    run()
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == 42
+
+
+def test_priority_decides_which_task_runs_first():
+    low = tasks.add.using(priority=-10).enqueue(0, 1)
+    high = tasks.add.using(priority=90).enqueue(0, 2)
+    assert run().id == int(high.id)
+    assert run().id == int(low.id)
+
+
+def test_a_deferred_task_does_not_run_before_run_after():
+    result = tasks.add.using(run_after=timezone.now() + timedelta(hours=1)).enqueue(1, 2)
+    assert run_one(worker_id=WORKER) is None
+    retry(Job.objects.get(id=int(result.id)))
+    assert run().id == int(result.id)
+
+
+def test_a_failing_task_is_dead_lettered_with_its_error_class_and_traceback():
+    result = tasks.fail.using(max_attempts=1).enqueue("disk on fire")
+    job = run()
+    assert job.state == State.DEAD_LETTER
+    assert DeadLetter.objects.filter(job=job).count() == 1
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert result.finished_at is not None
+    with pytest.raises(ValueError, match="Task failed"):
+        result.return_value
+    [error] = result.errors
+    assert error.exception_class_path == "tests.tasks.TaskBoom"
+    assert error.exception_class is tasks.TaskBoom
+    assert error.traceback.startswith("Traceback (most recent call last)")
+    assert error.traceback.endswith("tests.tasks.TaskBoom: disk on fire\n")
+
+
+def test_a_builtin_exception_resolves_to_its_class():
+    result = tasks.fail_builtin.using(max_attempts=1).enqueue()
+    run()
+    result.refresh()
+    assert result.errors[0].exception_class_path == "builtins.ValueError"
+    assert result.errors[0].exception_class is ValueError
+
+
+def test_retries_record_one_error_per_failed_attempt_and_the_context_counts_attempts():
+    result = tasks.fail_until_third_attempt.using(max_attempts=5).enqueue()
+    first = run("worker-a")
+    assert first.state == State.PENDING and first.run_at > timezone.now()
+    result.refresh()
+    assert result.status == TaskResultStatus.READY
+    assert [e.exception_class for e in result.errors] == [tasks.TaskBoom]
+    assert "TaskBoom: attempt 1" in result.errors[0].traceback
+    retry(first)
+    run("worker-b")
+    retry(first)
+    done = run("worker-c")
+    assert done.state == State.COMPLETED and done.result == 3
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == 3
+    assert result.worker_ids == ["worker-a", "worker-b", "worker-c"]
+    assert result.attempts == 3
+    assert len(result.errors) == 2
+    assert "TaskBoom: attempt 2" in result.errors[1].traceback
+
+
+def test_the_task_context_carries_the_task_result():
+    result = tasks.attempt_number.enqueue()
+    job = run()
+    assert job.result == {"attempt": 1, "id": result.id, "workers": [WORKER]}
+
+
+def test_a_released_claim_is_not_counted_as_an_attempt():
+    result = tasks.attempt_number.enqueue()
+    [job] = transitions.claim("leaving-worker")
+    transitions.release(job.id, worker_id="leaving-worker", attempt=job.attempts)
+    assert run().result["attempt"] == 1
+    result.refresh()
+    assert result.worker_ids == [WORKER]
+
+
+def test_a_lapsed_lease_shows_as_a_lease_expired_error():
+    result = tasks.add.enqueue(1, 2)
+    transitions.claim("dead-worker", lease_seconds=1)
+    later = timezone.now() + timedelta(seconds=5)
+    transitions.recover(now=later)
+    result.refresh()
+    assert result.status == TaskResultStatus.READY
+    [error] = result.errors
+    assert error.exception_class is LeaseExpired
+    assert "lease held by dead-worker expired" in error.traceback
+    assert run_one(worker_id=WORKER, now=later).result == 3
+
+
+def test_a_cancelled_task_is_failed():
+    result = tasks.add.enqueue(1, 2)
+    transitions.cancel(int(result.id))
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert run_one(worker_id=WORKER) is None
+
+
+def test_a_return_value_json_cannot_hold_dead_letters_the_job(signals):
+    result = tasks.returns_set.enqueue()
+    job = run()
+    assert job.state == State.DEAD_LETTER
+    assert "not JSON-serializable" in job.last_error["message"]
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    finished = [s for s in signals if s["signal"] == "finished"]
+    assert finished[0]["status"] == TaskResultStatus.FAILED
+
+
+def test_signals_fire_in_order_on_enqueue_start_and_finish(signals, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=True):
+        result = tasks.add.enqueue(1, 2)
+    run()
+    assert [(s["signal"], s["status"]) for s in signals] == [
+        ("enqueued", TaskResultStatus.READY),
+        ("started", TaskResultStatus.RUNNING),
+        ("finished", TaskResultStatus.SUCCESSFUL),
+    ]
+    assert {s["id"] for s in signals} == {result.id}
+    assert {s["sender"] for s in signals} == {DatabaseBackend}
+    assert signals[-1]["value"] == 3
+
+
+def test_task_finished_says_ready_while_retries_remain_and_failed_at_the_end(signals):
+    tasks.fail.using(max_attempts=2).enqueue()
+    job = run()
+    retry(job)
+    run()
+    finished = [s for s in signals if s["signal"] == "finished"]
+    assert [s["status"] for s in finished] == [TaskResultStatus.READY, TaskResultStatus.FAILED]
+    assert [s["errors"] for s in finished] == [1, 2]
+    # Sent inside the exception handler, as Django's logger expects.
+    assert {s["exc_info"] for s in finished} == {tasks.TaskBoom}
+
+
+def test_a_task_whose_module_no_longer_imports_is_dead_lettered_not_lost():
+    job = enqueueing.enqueue("tests.gone_away.vanished", {"args": [], "kwargs": {}})
+    ran = run()
+    assert ran.id == job.id and ran.state == State.DEAD_LETTER
+    assert ran.attempts == 1
+    assert "module tests.gone_away does not import" in ran.last_error["message"]
+    assert ran.last_error["type"] == "queue_app.registry.UnknownTask"
+    assert DeadLetter.objects.get(job=ran).reason == "not_retryable"
+
+
+def test_a_path_to_something_that_is_not_a_task_is_never_called():
+    job = enqueueing.enqueue("tests.handlers.echo", {"args": [], "kwargs": {}})
+    ran = run()
+    assert ran.state == State.DEAD_LETTER
+    assert "tests.handlers.echo is not a Task" in ran.last_error["message"]
+    with pytest.raises(UnknownTask, match="tests.tasks.missing is missing"):
+        registry.get("tests.tasks.missing")
+    with pytest.raises(UnknownTask, match="standard-library"):
+        registry.get("os.system")
+    assert job.id == ran.id
+
+
+def test_a_registered_handler_wins_over_a_task_path():
+    registry.register("tests.tasks.add", handlers.echo)
+    assert registry.get("tests.tasks.add") is handlers.echo
+    registry.unregister("tests.tasks.add")
+    assert registry.get("tests.tasks.add") is tasks.add
+
+
+def test_an_edited_payload_the_task_cannot_take_fails_with_a_clear_error():
+    result = tasks.add.using(max_attempts=1).enqueue(1, 2)
+    transitions.change_payload(int(result.id), {"a": 1})
+    ran = run()
+    assert ran.state == State.DEAD_LETTER
+    assert 'a task payload is {"args": [...], "kwargs": {...}}' in ran.last_error["message"]
+
+
+def test_get_result_works_through_the_default_backend_after_a_run():
+    result = tasks.echo.enqueue(1, word="two")
+    run()
+    fetched = default_task_backend.get_result(result.id)
+    assert fetched.return_value == {"args": [1], "kwargs": {"word": "two"}}
+    assert fetched.task == tasks.echo
