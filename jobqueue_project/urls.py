@@ -1,5 +1,6 @@
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
+from django.views.generic import RedirectView
 
 from queue_app.api import api
 from queue_app.health import health_view
@@ -10,4 +11,6 @@ urlpatterns = [
     path("api/", api.urls),
     path("metrics", metrics_view, name="metrics"),
     path("health", health_view, name="health"),
+    path("dashboard/", include("queue_app.dashboard_urls")),
+    path("", RedirectView.as_view(pattern_name="queue_app_dashboard:overview", permanent=False)),
 ]

@@ -1,0 +1,336 @@
+"""The Django admin for operators: jobs with their timeline, dead letters, events, workers.
+
+Jobs are never saved from a form: every change is an action that goes through
+``queue_app.operations`` (and so ``transitions``), which writes the job's event. Each
+action comes twice: for the selected jobs, and for every job matching the current
+filter and search, which runs in batches (see ``operations.apply_many``).
+"""
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.db.models import Q, TextField
+from django.db.models.functions import Cast
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.html import format_html
+
+from queue_app import dashboard, operations
+from queue_app.conf import settings
+from queue_app.exceptions import InvalidJob
+from queue_app.models import DeadLetter, Event, Job, Worker
+
+MATCHING = "_matching"
+
+
+class StatusFilter(admin.SimpleListFilter):
+    title = "status"
+    parameter_name = "status"
+
+    def lookups(self, request, model_admin):
+        late = int(settings.OPS_LATE_SECONDS)
+        labels = {"late": f"late (ready > {late}s)", "dead_letter": "dead letter"}
+        return [(s, labels.get(s, s)) for s in dashboard.STATUSES]
+
+    def queryset(self, request, queryset):
+        return dashboard.filter_status(queryset, self.value()) if self.value() else queryset
+
+
+class _ChoiceFilter(admin.SimpleListFilter):
+    """A column filter whose choices come from live jobs only (a capped DISTINCT),
+    so opening the list does not scan a million finished rows for them."""
+
+    field = ""
+    key = ""
+
+    def lookups(self, request, model_admin):
+        return [(v, v) for v in dashboard.filter_choices()[self.key]]
+
+    def queryset(self, request, queryset):
+        return queryset.filter(**{self.field: self.value()}) if self.value() else queryset
+
+
+class KindFilter(_ChoiceFilter):
+    title = parameter_name = field = "kind"
+    key = "kinds"
+
+
+class QueueFilter(_ChoiceFilter):
+    title = "queue"
+    parameter_name = field = "queue_name"
+    key = "queues"
+
+
+class _ReadOnlyInline(admin.TabularInline):
+    extra = 0
+    can_delete = False
+    show_change_link = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+class EventInline(_ReadOnlyInline):
+    model = Event
+    fields = ["at", "type", "from_state", "to_state", "attempt", "worker", "message", "metadata"]
+    readonly_fields = fields
+    ordering = ["id"]
+
+
+class DeadLetterInline(_ReadOnlyInline):
+    model = DeadLetter
+    fields = ["created_at", "reason", "attempts", "error", "resolved_at", "resolution"]
+    readonly_fields = fields
+
+
+def report(request, action, outcome):
+    """Tell the operator what a batched action did, and whether to run it again."""
+    text = f"{action.label}: {outcome.done} job{'s' if outcome.done != 1 else ''} done"
+    if outcome.skipped:
+        text += f", {outcome.skipped} skipped (their state no longer allows it: {'; '.join(outcome.errors)})"
+    if outcome.more:
+        text += ". Time budget reached: run the same action again to continue with the rest"
+    level = messages.WARNING if outcome.more or outcome.skipped else messages.SUCCESS
+    messages.add_message(request, level, text + ".")
+
+
+def _make_action(action, matching):
+    def run(modeladmin, request, queryset):
+        return modeladmin.run_action(request, queryset, action, matching)
+
+    run.__name__ = action.name + (MATCHING if matching else "")
+    what = f"{action.label}: every job matching the filter" if matching else f"{action.label} selected jobs"
+    return admin.action(run, description=what, permissions=[action.permission])
+
+
+@admin.register(Job)
+class JobAdmin(admin.ModelAdmin):
+    list_display = [
+        "id", "kind", "queue_name", "status_badge", "priority", "effective", "attempts_column",
+        "run_at", "age",
+    ]
+    list_display_links = ["id"]
+    list_filter = [StatusFilter, KindFilter, QueueFilter]
+    # The search itself is get_search_results(); this only turns the box on.
+    search_fields = ["kind"]
+    search_help_text = "A job id, or text in the kind, idempotency key or payload."
+    readonly_fields = [f.name for f in Job._meta.fields] + ["dashboard_link"]
+    inlines = [EventInline, DeadLetterInline]
+    show_full_result_count = False
+    paginator = dashboard.CappedPaginator
+    list_per_page = 50
+    actions = [_make_action(a, m) for m in (False, True) for a in operations.ACTIONS.values()]
+
+    def has_add_permission(self, request):
+        # Jobs come in through enqueue() (code, API, CLI), which validates them.
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        # No form ever saves a job: a saved form would write back a state a worker
+        # may have changed meanwhile. Actions (checked with obj=None) still need it.
+        if obj is not None:
+            return False
+        return super().has_change_permission(request)
+
+    def get_actions(self, request):
+        actions = super().get_actions(request)
+        # Django's own delete collects every related row for its confirmation page:
+        # hopeless over a filter of 100,000 jobs. Ours deletes in batches.
+        actions.pop("delete_selected", None)
+        return actions
+
+    def changelist_view(self, request, extra_context=None):
+        if request.method == "POST":
+            chosen = request.POST.getlist("action")
+            index = request.POST.get("index", "0")
+            name = chosen[int(index)] if index.isdigit() and int(index) < len(chosen) else ""
+            if name.endswith(MATCHING):
+                # "Every job matching the filter" is Django's select-across, asked for
+                # by the action itself so it works without the page's script.
+                post = request.POST.copy()
+                post["select_across"] = "1"
+                if not post.getlist(helpers.ACTION_CHECKBOX_NAME):
+                    post.setlist(helpers.ACTION_CHECKBOX_NAME, ["0"])
+                request.POST = post
+        return super().changelist_view(request, extra_context)
+
+    def get_search_results(self, request, queryset, search_term):
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        if term.lstrip("#").isdigit():
+            return queryset.filter(id=int(term.lstrip("#"))), False
+        matches = Q(kind__icontains=term) | Q(idempotency_key__icontains=term) | Q(payload_text__icontains=term)
+        return queryset.annotate(payload_text=Cast("payload", TextField())).filter(matches), False
+
+    def run_action(self, request, queryset, action, matching):
+        actor = f"admin:{request.user.get_username()}"
+        needs_form = action.param is not None or action.name == "delete"
+        value = request.POST.get(action.param) if action.param else None
+        error = None
+        if needs_form and request.POST.get("confirm") == "yes":
+            try:
+                operations.clean(action, value)
+            except InvalidJob as exc:
+                error = str(exc)
+        if needs_form and (request.POST.get("confirm") != "yes" or error):
+            if error:
+                messages.error(request, f"{action.label} refused: {error}. Nothing was changed.")
+            return self._action_form(request, queryset, action, matching, value, error)
+        outcome = operations.apply_many(action.name, queryset, value, actor=actor)
+        report(request, action, outcome)
+        return None
+
+    def _action_form(self, request, queryset, action, matching, value, error):
+        cap = settings.OPS_COUNT_CAP
+        count = queryset.filter(state__in=action.states).order_by()[: cap + 1].count()
+        if value is None and action.param == "payload" and not matching:
+            first = queryset.order_by("id").first()
+            value = dashboard.json_text(first.payload) if first else "{}"
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": f"{action.label}: {'every job matching the filter' if matching else 'selected jobs'}",
+            "action": action,
+            "action_name": action.name + (MATCHING if matching else ""),
+            "matching": matching,
+            "selected": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
+            "count": count,
+            "capped": count > cap,
+            "value": "" if value is None else value,
+            "error": error,
+        }
+        return TemplateResponse(request, "admin/queue_app/job/action_form.html", context)
+
+    @admin.display(description="status", ordering="state")
+    def status_badge(self, job):
+        return dashboard.status(job)
+
+    @admin.display(description="effective priority")
+    def effective(self, job):
+        value = dashboard.effective_priority(job)
+        return "—" if value is None else value
+
+    @admin.display(description="attempts", ordering="attempts")
+    def attempts_column(self, job):
+        return f"{job.attempts}/{job.max_attempts}"
+
+    @admin.display(description="age", ordering="created_at")
+    def age(self, job):
+        return dashboard.age(job.created_at)
+
+    @admin.display(description="dashboard")
+    def dashboard_link(self, job):
+        url = reverse("queue_app_dashboard:job", args=[job.id])
+        return format_html('<a href="{}">Timeline and actions on the dashboard</a>', url)
+
+
+class _AppendOnly(admin.ModelAdmin):
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Event)
+class EventAdmin(_AppendOnly):
+    list_display = ["id", "at", "job_link", "type", "from_state", "to_state", "attempt", "worker", "message"]
+    list_filter = ["type"]
+    search_fields = ["=job__id"]
+    search_help_text = "A job id."
+    show_full_result_count = False
+    paginator = dashboard.CappedPaginator
+    ordering = ["-id"]
+
+    @admin.display(description="job", ordering="job_id")
+    def job_link(self, event):
+        return format_html('<a href="{}">#{}</a>', reverse("admin:queue_app_job_change", args=[event.job_id]), event.job_id)
+
+
+class ResolvedFilter(admin.SimpleListFilter):
+    title = "resolved"
+    parameter_name = "resolved"
+
+    def lookups(self, request, model_admin):
+        return [("no", "unresolved"), ("yes", "resolved")]
+
+    def queryset(self, request, queryset):
+        if self.value() in ("yes", "no"):
+            return queryset.filter(resolved_at__isnull=self.value() == "no")
+        return queryset
+
+
+@admin.register(DeadLetter)
+class DeadLetterAdmin(_AppendOnly):
+    list_display = ["id", "job_link", "kind", "attempts", "reason", "error_message", "created_at", "resolved_at"]
+    list_filter = [ResolvedFilter, "reason"]
+    search_fields = ["=job__id", "kind"]
+    show_full_result_count = False
+    paginator = dashboard.CappedPaginator
+    actions = ["requeue_jobs"]
+
+    @admin.action(description="Requeue these dead letters' jobs", permissions=["requeue"])
+    def requeue_jobs(self, request, queryset):
+        jobs = Job.objects.filter(id__in=queryset.values("job_id"))
+        outcome = operations.apply_many("requeue", jobs, actor=f"admin:{request.user.get_username()}")
+        report(request, operations.ACTIONS["requeue"], outcome)
+
+    def has_requeue_permission(self, request):
+        # Requeueing changes jobs, so it takes the permission to change jobs.
+        return request.user.has_perm("queue_app.change_job")
+
+    @admin.display(description="job", ordering="job_id")
+    def job_link(self, letter):
+        return format_html('<a href="{}">#{}</a>', reverse("admin:queue_app_job_change", args=[letter.job_id]), letter.job_id)
+
+    @admin.display(description="error")
+    def error_message(self, letter):
+        error = letter.error or {}
+        return f"{error.get('type', '')}: {error.get('message', '')}"[:160] if isinstance(error, dict) else str(error)[:160]
+
+
+@admin.register(Worker)
+class WorkerAdmin(admin.ModelAdmin):
+    list_display = [
+        "name", "host", "pid", "status", "heartbeat_age", "jobs_in_hand", "jobs_done",
+        "concurrency", "threads", "queues", "started_at", "stop_requested_at",
+    ]
+    list_filter = ["state", "host"]
+    search_fields = ["name", "host"]
+    readonly_fields = [f.name for f in Worker._meta.fields]
+    actions = ["stop"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        # The row is the worker's own report; the only thing an operator changes is
+        # the stop request, through the action.
+        return obj is None and super().has_change_permission(request)
+
+    def get_actions(self, request):
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)
+        return actions
+
+    @admin.action(description="Stop selected workers (after their current jobs)", permissions=["change"])
+    def stop(self, request, queryset):
+        n = operations.request_stop(queryset.values_list("id", flat=True))
+        self.message_user(request, f"Stop requested for {n} worker{'s' if n != 1 else ''}.", messages.SUCCESS)
+
+    @admin.display(description="status")
+    def status(self, worker):
+        return dashboard.worker_status(worker)
+
+    @admin.display(description="heartbeat", ordering="last_heartbeat")
+    def heartbeat_age(self, worker):
+        return f"{dashboard.age(worker.last_heartbeat, timezone.now())} ago"

@@ -1,0 +1,35 @@
+"""Filters the dashboard templates use to show numbers, ages and JSON."""
+from django import template
+
+from queue_app import dashboard
+
+register = template.Library()
+
+
+@register.filter
+def num(value):
+    """1234567 -> 1,234,567 (no locale machinery, no humanize app)."""
+    try:
+        return f"{int(value):,}"
+    except (TypeError, ValueError):
+        return value
+
+
+@register.filter
+def age(value, now=None):
+    return dashboard.age(value, now)
+
+
+@register.filter
+def pretty_json(value):
+    return dashboard.json_text(value)
+
+
+@register.filter
+def get(mapping, key):
+    return mapping.get(key, "") if hasattr(mapping, "get") else ""
+
+
+@register.filter
+def job_status(job):
+    return dashboard.status(job)
