@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from django.http import HttpRequest
 from django.shortcuts import get_object_or_404
-from ninja import Body, Field, NinjaAPI, Path, Query, Schema
+from ninja import Body, Field, NinjaAPI, Path, Query, Schema, Status
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.security import APIKeyHeader, SessionAuthIsStaff
 from pydantic import ConfigDict
@@ -325,7 +325,7 @@ def create_job(request: HttpRequest, job: JobIn = Body(...)):
     _need(request, "queue_app.add_job")
     kind, payload, options = _options(job)
     created = enqueueing.enqueue(kind, payload, **options)
-    return (201 if created.was_created else 200), created
+    return Status(201 if created.was_created else 200, created)
 
 
 @api.post("/jobs/bulk", response={201: list[JobOut], 400: Refused, 403: Refused}, tags=["jobs"])
@@ -341,7 +341,7 @@ def create_jobs(request: HttpRequest, body: BulkIn):
         except InvalidJob as exc:
             raise InvalidJob(f"job {i}: {exc}", exc.field) from None
         specs.append({"kind": kind, "payload": payload, **options})
-    return 201, enqueueing.bulk_enqueue(specs)
+    return Status(201, enqueueing.bulk_enqueue(specs))
 
 
 @api.get("/jobs", response={200: JobPage, 400: Refused}, tags=["jobs"])
@@ -444,7 +444,8 @@ def replay_dead_letter(request: HttpRequest, letter_id: int = Path(..., ge=1, le
     actor = _need(request, "queue_app.change_job")
     letter = get_object_or_404(DeadLetter, id=letter_id)
     if letter.resolved_at is not None:
-        return 409, {"error": f"dead letter {letter_id} was already {letter.resolution or 'resolved'}", "field": None}
+        message = f"dead letter {letter_id} was already {letter.resolution or 'resolved'}"
+        return Status(409, {"error": message, "field": None})
     return transitions.requeue(letter.job_id, actor=actor)
 
 

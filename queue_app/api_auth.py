@@ -8,7 +8,7 @@ import secrets
 from dataclasses import dataclass
 from datetime import timedelta
 
-from django.db import IntegrityError
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from queue_app.exceptions import QueueError
@@ -51,9 +51,11 @@ def create(name, *, can_write=True):
         raise ApiKeyError("the key name must be 1 to 100 characters")
     raw = PREFIX + secrets.token_urlsafe(32)
     try:
-        key = ApiKey.objects.create(
-            name=name, prefix=raw[: len(PREFIX) + 6], hashed_key=hash_key(raw), can_write=can_write
-        )
+        # A savepoint: a duplicate name must leave the caller's transaction usable.
+        with transaction.atomic():
+            key = ApiKey.objects.create(
+                name=name, prefix=raw[: len(PREFIX) + 6], hashed_key=hash_key(raw), can_write=can_write
+            )
     except IntegrityError:
         raise ApiKeyError(f"a key named {name!r} already exists") from None
     return key, raw
