@@ -32,6 +32,9 @@ from queue_app.worker import Budget, Slots, child_main
 log = logging.getLogger("queue_app")
 
 TICK = 0.05
+# Seconds between looks for a stop request: one indexed read, so `stopworkers` takes
+# effect within about a second whatever the heartbeat interval.
+STOP_CHECK = 1.0
 
 
 class Child:
@@ -103,6 +106,7 @@ class Supervisor:
                 self._spawn(slot)
             next_beat = time.monotonic() + o.heartbeat
             next_recovery = time.monotonic() + o.recovery_interval
+            next_stop_check = time.monotonic() + STOP_CHECK
             while True:
                 now = time.monotonic()
                 if self.signals >= 2:
@@ -116,6 +120,10 @@ class Supervisor:
                 if now >= next_beat:
                     next_beat = now + o.heartbeat
                     self._heartbeat()
+                if now >= next_stop_check and not self.stopping:
+                    next_stop_check = now + STOP_CHECK
+                    if self._guard(workers.stop_requested, self.record.id, default=False):
+                        self._begin_stop("stop requested")
                 if o.recovery_interval and now >= next_recovery:
                     next_recovery = now + o.recovery_interval
                     self._recover()
@@ -247,11 +255,7 @@ class Supervisor:
                 transitions.renew, [job_id for job_id, _ in jobs], worker_id=owner,
                 lease_seconds=self.options.lease,
             )
-        asked = self._guard(
-            workers.heartbeat, self.record.id, jobs_in_hand=in_hand, jobs_done=self._jobs_done(), default=False
-        )
-        if asked and not self.stopping:
-            self._begin_stop("stop requested")
+        self._guard(workers.heartbeat, self.record.id, jobs_in_hand=in_hand, jobs_done=self._jobs_done())
 
     def _recover(self):
         self._guard(transitions.recover)

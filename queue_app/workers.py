@@ -32,10 +32,13 @@ def register(name, *, pid, queues, kinds, concurrency, threads):
 
 
 def heartbeat(worker_id, *, jobs_in_hand=0, jobs_done=0):
-    """Stamp the worker's heartbeat; return True when someone asked it to stop."""
+    """Stamp the worker's heartbeat."""
     Worker.objects.filter(id=worker_id).update(
         last_heartbeat=timezone.now(), jobs_in_hand=jobs_in_hand, jobs_done=jobs_done
     )
+
+
+def stop_requested(worker_id):
     return Worker.objects.filter(id=worker_id, stop_requested_at__isnull=False).exists()
 
 
