@@ -1,5 +1,6 @@
 """django.tasks functions the tests enqueue (module-level, as Django requires)."""
 import asyncio
+import time
 
 from django.tasks import task
 
@@ -59,3 +60,19 @@ def returns_set():
 @task(max_attempts=7, timeout=12.5)
 def with_extras():
     return "extras"
+
+
+@task
+def spin(seconds):
+    """Busy-loop (never sleeps) so only a worker's timeout can stop it."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+    return "spun"
+
+
+@task
+async def async_nap(seconds):
+    started = time.monotonic()
+    await asyncio.sleep(seconds)
+    return {"started": started, "ended": time.monotonic()}

@@ -1,4 +1,5 @@
 """django.tasks functions running on our workers: results, errors, retries, context, signals."""
+import os
 import sys
 from datetime import timedelta
 
@@ -275,3 +276,65 @@ def test_get_result_works_through_the_default_backend_after_a_run():
     fetched = default_task_backend.get_result(result.id)
     assert fetched.return_value == {"args": [1], "kwargs": {"word": "two"}}
     assert fetched.task == tasks.echo
+
+
+# --- through the real worker (forked runworker supervisor and children) ----------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_runworker_runs_tasks_retries_them_dead_letters_them_and_reports_results(settings, tmp_path):
+    from tests.worker_support import lease_settings, run_worker
+
+    settings.JOBQUEUE = lease_settings(BACKOFF_BASE=0.05)
+    log = tmp_path / "signals"
+
+    def note(signal, sender, task_result, **kwargs):
+        # Inherited by the forked worker: it writes what the worker's signals said.
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()} {task_result.id} {task_result.status}\n")
+
+    task_started.connect(note, dispatch_uid="e2e")
+    task_finished.connect(note, dispatch_uid="e2e")
+    try:
+        added = tasks.add.enqueue(2, 40)
+        flaky = tasks.fail_until_third_attempt.using(max_attempts=5).enqueue()
+        naps = [tasks.async_nap.using(priority=10).enqueue(0.3) for _ in range(3)]
+        gone = enqueueing.enqueue("tests.gone_away.vanished", {"args": [], "kwargs": {}})
+        assert run_worker(max_jobs=8, concurrency=1, threads=4, batch=4, poll=0.02) == 0
+    finally:
+        task_started.disconnect(dispatch_uid="e2e")
+        task_finished.disconnect(dispatch_uid="e2e")
+
+    added.refresh()
+    assert (added.status, added.return_value) == (TaskResultStatus.SUCCESSFUL, 42)
+    flaky.refresh()
+    assert (flaky.status, flaky.return_value, flaky.attempts, len(flaky.errors)) == (
+        TaskResultStatus.SUCCESSFUL, 3, 3, 2,
+    )
+    spans = []
+    for nap in naps:
+        nap.refresh()
+        assert nap.status == TaskResultStatus.SUCCESSFUL
+        spans.append((nap.return_value["started"], nap.return_value["ended"]))
+    # Async tasks on separate threads' event loops overlap rather than queue up.
+    assert max(start for start, _ in spans) < min(end for _, end in spans)
+    assert Job.objects.get(id=gone.id).state == State.DEAD_LETTER
+    lines = log.read_text().splitlines()
+    assert all(int(line.split()[0]) != os.getpid() for line in lines)
+    assert f"{added.id} RUNNING" in "\n".join(lines) and f"{added.id} SUCCESSFUL" in "\n".join(lines)
+    assert [line.split()[2] for line in lines if line.split()[1] == flaky.id] == [
+        "RUNNING", "READY", "RUNNING", "READY", "RUNNING", "SUCCESSFUL",
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_task_past_its_timeout_is_killed_and_reported_as_a_timeout_error():
+    from tests.worker_support import run_worker
+
+    stuck = tasks.spin.using(timeout=0.3, max_attempts=1).enqueue(60)
+    assert run_worker(burst=True, concurrency=1, batch=1) == 0
+    stuck.refresh()
+    assert stuck.status == TaskResultStatus.FAILED
+    [error] = stuck.errors
+    assert error.exception_class is TimeoutError
+    assert "0.3s timeout" in error.traceback
