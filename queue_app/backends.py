@@ -64,7 +64,9 @@ class QueueTask(Task):
     ):
         """Create a new Task with modified defaults."""
         # Task is a slots dataclass, so zero-argument super() is not available here.
-        task = Task.using(self, priority=priority, queue_name=queue_name, run_after=run_after, backend=backend)
+        task = Task.using(
+            self, priority=priority, queue_name=queue_name, run_after=run_after, backend=backend
+        )
         extras = {"max_attempts": max_attempts, "timeout": timeout, "idempotency_key": idempotency_key}
         changes = {name: value for name, value in extras.items() if value is not None}
         return replace(task, **changes) if changes else task
@@ -145,7 +147,9 @@ class DatabaseBackend(BaseTaskBackend):
         except (TypeError, ValueError) as exc:
             raise TypeError(f"{task.module_path}: task arguments must be JSON-serializable ({exc})") from None
         try:
-            job = enqueueing.enqueue(task.module_path, payload, using=self.database, **self._job_options(task))
+            job = enqueueing.enqueue(
+                task.module_path, payload, using=self.database, **self._job_options(task)
+            )
         except InvalidJob as exc:
             if exc.field == "payload":
                 raise

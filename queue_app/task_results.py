@@ -59,7 +59,9 @@ def arguments(job):
     """The (args, kwargs) a Task job's payload holds."""
     payload = job.payload
     if not isinstance(payload, dict) or not set(payload) <= {"args", "kwargs"}:
-        raise TypeError(f'job {job.id}: a task payload is {{"args": [...], "kwargs": {{...}}}}, got {payload!r}')
+        raise TypeError(
+            f'job {job.id}: a task payload is {{"args": [...], "kwargs": {{...}}}}, got {payload!r}'
+        )
     args, kwargs = payload.get("args", []), payload.get("kwargs", {})
     if not isinstance(args, list) or not isinstance(kwargs, dict):
         raise TypeError(f"job {job.id}: payload args must be a list and kwargs an object, got {payload!r}")
@@ -110,13 +112,14 @@ def from_job(job, task, alias, events=None):
     except TypeError:
         args, kwargs = [], {}  # an edited payload the worker will refuse; still report the job
     status = STATUS[job.state]
+    finished = status in (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED)
     result = TaskResult(
         task=_task_for_job(task, job, alias),
         id=str(job.id),
         status=status,
         enqueued_at=job.created_at,
         started_at=attempted[0] if attempted else job.started_at,
-        finished_at=job.finished_at if status in (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED) else None,
+        finished_at=job.finished_at if finished else None,
         last_attempted_at=attempted[-1] if attempted else None,
         args=args,
         kwargs=kwargs,

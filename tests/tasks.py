@@ -36,7 +36,8 @@ def fail_builtin():
 
 @task(takes_context=True)
 def attempt_number(context):
-    return {"attempt": context.attempt, "id": context.task_result.id, "workers": context.task_result.worker_ids}
+    result = context.task_result
+    return {"attempt": context.attempt, "id": result.id, "workers": result.worker_ids}
 
 
 @task(takes_context=True)
