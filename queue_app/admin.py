@@ -7,6 +7,7 @@ filter and search, which runs in batches (see ``operations.apply_many``).
 """
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
+from django.contrib.admin.options import ActionLocation
 from django.db.models import Q, TextField
 from django.db.models.functions import Cast
 from django.template.response import TemplateResponse
@@ -137,8 +138,8 @@ class JobAdmin(admin.ModelAdmin):
             return False
         return super().has_change_permission(request)
 
-    def get_actions(self, request):
-        actions = super().get_actions(request)
+    def get_actions(self, request, action_location=ActionLocation.CHANGE_LIST):
+        actions = super().get_actions(request, action_location=action_location)
         # Django's own delete collects every related row for its confirmation page:
         # hopeless over a filter of 100,000 jobs. Ours deletes in batches.
         actions.pop("delete_selected", None)
@@ -317,8 +318,8 @@ class WorkerAdmin(admin.ModelAdmin):
         # the stop request, through the action.
         return obj is None and super().has_change_permission(request)
 
-    def get_actions(self, request):
-        actions = super().get_actions(request)
+    def get_actions(self, request, action_location=ActionLocation.CHANGE_LIST):
+        actions = super().get_actions(request, action_location=action_location)
         actions.pop("delete_selected", None)
         return actions
 

@@ -29,6 +29,12 @@ PAGES = ["overview", "jobs", "dead_letters", "workers", "queues"]
 READ = ["queue_app.view_job", "queue_app.view_deadletter", "queue_app.view_worker"]
 
 
+@pytest.fixture(autouse=True)
+def _fast_passwords(settings):
+    # The default hasher spends most of a second per user by design.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 def url(name, *args):
     return reverse(f"queue_app_dashboard:{name}", args=args)
 
