@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from django.contrib.auth.models import Permission
 from django.core.management import CommandError, call_command
+from django.db import connection
 from django.test import override_settings
 from django.urls import reverse
 from django.utils import timezone
@@ -339,10 +340,22 @@ def _get(address):
         return exc.code, b""
 
 
-def test_web_serves_admin_and_static_files_with_gunicorn(tmp_path):
+def _test_database_url():
+    # The server's system checks connect (MariaDB asks its version), so point it at
+    # the test database this run created.
+    db = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{db['NAME']}"
+    scheme = {"postgresql": "postgres", "mysql": "mysql"}[connection.vendor]
+    return f"{scheme}://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or ''}/{db['NAME']}"
+
+
+# Transactional: a test transaction would hold SQLite's write lock against the server.
+@pytest.mark.django_db(transaction=True)
+def test_web_serves_admin_and_static_files_with_gunicorn():
     port = _free_port()
     root = Path(__file__).resolve().parent.parent
-    env = {**os.environ, "PYTHONPATH": str(root)}
+    env = {**os.environ, "PYTHONPATH": str(root), "DATABASE_URL": _test_database_url()}
     proc = subprocess.Popen(
         [sys.executable, str(root / "manage.py"), "web", "--addr", f"127.0.0.1:{port}", "--workers", "1"],
         cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -356,7 +369,8 @@ def test_web_serves_admin_and_static_files_with_gunicorn(tmp_path):
                 break
             except OSError:
                 if time.monotonic() > deadline or proc.poll() is not None:
-                    raise
+                    proc.kill()
+                    pytest.fail(f"manage.py web did not answer:\n{proc.stdout.read().decode()}")
                 time.sleep(0.2)
         assert status == 200 and b"csrfmiddlewaretoken" in body
         status, body = _get(base + "/static/queue_app/dashboard.css")
