@@ -87,6 +87,9 @@ DEFAULTS = {
     "OPS_COUNT_CAP": 10000,
     # A ready job that has waited longer than this is "late".
     "OPS_LATE_SECONDS": 300.0,
+    # The overview counts completed and cancelled jobs (history that only grows) up to
+    # this many, then shows "N+"; live states are always counted exactly.
+    "DASHBOARD_COUNT_CAP": 100000,
     "DASHBOARD_PAGE_SIZE": 50,
     "DASHBOARD_REFRESH_SECONDS": 5,
     # `manage.py web`: gunicorn's bind address, worker processes and request timeout.

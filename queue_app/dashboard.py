@@ -117,11 +117,26 @@ class CappedPaginator(Paginator):
 # --- overview ------------------------------------------------------------------------
 
 
-def state_counts():
-    counts = dict.fromkeys(STATES, 0)
-    for row in Job.objects.order_by().values("state").annotate(n=Count("id")):
-        counts[row["state"]] = row["n"]
-    return counts
+def state_counts(pending=None):
+    """Jobs per state, and the states whose count stopped at DASHBOARD_COUNT_CAP.
+
+    Live states are counted exactly over their indexes. Completed and cancelled
+    jobs are history that grows without bound: counting a million of them on every
+    refresh is the slowest thing the page could do, so they stop at the cap.
+    """
+    cap = settings.DASHBOARD_COUNT_CAP
+    counts, capped = {}, set()
+    for state in STATES:
+        qs = Job.objects.filter(state=state).order_by()
+        if state == State.PENDING and pending is not None:
+            counts[state] = pending
+        elif state in (State.COMPLETED, State.CANCELLED):
+            counts[state] = min(qs[: cap + 1].count(), cap)
+            if qs[cap : cap + 1].exists():
+                capped.add(state)
+        else:
+            counts[state] = qs.count()
+    return counts, capped
 
 
 def pending_breakdown(now=None):
@@ -204,12 +219,14 @@ def recent_events(limit=15):
 
 def overview(now=None):
     now = now or timezone.now()
-    counts = state_counts()
+    pending = pending_breakdown(now)
+    counts, capped = state_counts(pending["ready"] + pending["scheduled"] + pending["retrying"])
     return {
         "now": now,
         "counts": counts,
-        "total": sum(counts.values()),
-        "pending": pending_breakdown(now),
+        "capped": capped,
+        "cap": settings.DASHBOARD_COUNT_CAP,
+        "pending": pending,
         "workers": workers_summary(now),
         "chart": throughput(now),
         "events": recent_events(),
@@ -291,10 +308,15 @@ def queues():
     ]
 
 
-def filter_choices():
-    """Kinds and queues that have live jobs, for the list filters."""
-    rows = Job.objects.filter(state__in=[State.PENDING, State.LEASED, State.DEAD_LETTER]).order_by()
-    return {
-        "kinds": sorted(set(rows.values_list("kind", flat=True).distinct()[:200])),
-        "queues": sorted(set(rows.values_list("queue_name", flat=True).distinct()[:200])),
-    }
+def filter_choices(sample=5000):
+    """Kinds and queues seen among the newest live jobs, as hints for the list filters.
+
+    A sample, not DISTINCT over every live row: that scan costs more than the page,
+    and the filters take any value typed in the address anyway.
+    """
+    rows = list(
+        Job.objects.filter(state__in=[State.PENDING, State.LEASED, State.DEAD_LETTER])
+        .order_by("-id")
+        .values_list("kind", "queue_name")[:sample]
+    )
+    return {"kinds": sorted({k for k, _ in rows}), "queues": sorted({q for _, q in rows})}

@@ -378,3 +378,15 @@ def test_web_serves_admin_and_static_files_with_gunicorn():
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_overview_stops_counting_history_at_the_cap_but_counts_live_jobs_exactly(viewer, settings):
+    settings.JOBQUEUE = {"DASHBOARD_COUNT_CAP": 2}
+    JobFactory.create_batch(3, state=State.COMPLETED)
+    JobFactory.create_batch(3, dead=True)
+    response = viewer.get(url("overview"))
+    assert response.context["counts"][State.COMPLETED] == 2
+    assert response.context["counts"][State.DEAD_LETTER] == 3
+    html = response.content.decode()
+    assert 'data-count="completed">2+<' in html
+    assert 'data-count="dead_letter">3<' in html
