@@ -42,8 +42,8 @@ SEED = {
     "mysql": """
         INSERT INTO queue_app_job (kind, queue_name, payload, priority, run_at, state, attempts,
                                    max_attempts, created_at)
-        SELECT 'bench', IF(seq % 4 = 0, 'mail', 'default'), '{}', (seq % 5) * 10 - 20,
-               UTC_TIMESTAMP(6) - INTERVAL (seq % 3600) SECOND + IF(seq % 10 = 0, INTERVAL 1 DAY, INTERVAL 0 SECOND),
+        SELECT 'bench', IF(seq % 4 = 0, 'mail', 'default'), '{}', CAST(seq % 5 AS SIGNED) * 10 - 20,
+               UTC_TIMESTAMP(6) - INTERVAL (seq % 3600) SECOND + INTERVAL IF(seq % 10 = 0, 86400, 0) SECOND,
                'pending', 0, 3, UTC_TIMESTAMP(6) - INTERVAL (seq % 3600) SECOND
         FROM seq_1_to_{n}""",
     "sqlite": """
@@ -64,7 +64,7 @@ def seed(n):
         cursor.execute("DELETE FROM queue_app_deadletter")
         cursor.execute("DELETE FROM queue_app_job")
         if connection.vendor == "mysql":
-            cursor.execute(SEED["mysql"].format(n=n))
+            cursor.execute(SEED["mysql"].replace("{n}", str(n)))
         else:
             cursor.execute(SEED[connection.vendor], [n])
         if connection.vendor == "postgresql":

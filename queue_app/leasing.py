@@ -22,8 +22,8 @@ Vendors:
   the planner cannot fold them into the UPDATE and re-run the LIMIT per row (the
   reason Oban's engine writes it this way). FOR UPDATE SKIP LOCKED sits after the
   sort, so each claimer takes the best rows nobody else holds.
-- MariaDB: a short READ COMMITTED transaction: DISTINCT on the index prefix (loose
-  index scan), one UNION of per-level seeks, then SELECT ... FOR UPDATE SKIP LOCKED
+- MariaDB: a short READ COMMITTED transaction: the levels one MAX() seek at a time,
+  one UNION of per-level seeks, then SELECT ... FOR UPDATE SKIP LOCKED
   on those ids and an UPDATE by primary key. MariaDB has no UPDATE ... RETURNING.
 - SQLite: one UPDATE ... WHERE id IN (SELECT ... LIMIT n) RETURNING id inside an
   IMMEDIATE transaction: writers are serialised by the database lock, so no row
@@ -120,9 +120,22 @@ def _claim_postgresql(connection, owner, limit, scan, now, expires, queues, kind
 def _claim_mysql(connection, owner, limit, scan, now, expires, queues, kinds, aging_us):
     now_db = _adapt(connection, now)
     with connection.cursor() as cursor:
-        # Loose index scan over (state, priority, ...): one seek per level.
-        cursor.execute(f"SELECT DISTINCT priority FROM {TABLE} WHERE state = 'pending'")
-        levels = [row[0] for row in cursor.fetchall()]
+        # MariaDB plans DISTINCT here as a scan of every pending row, and a recursive CTE
+        # re-runs its subquery unoptimised; a MAX() bounded on the index prefix is a single
+        # seek ("Select tables optimized away"), so walk the levels down one seek at a time.
+        levels = []
+        while True:
+            if levels:
+                cursor.execute(
+                    f"SELECT MAX(priority) FROM {TABLE} WHERE state = 'pending' AND priority < %s",
+                    [levels[-1]],
+                )
+            else:
+                cursor.execute(f"SELECT MAX(priority) FROM {TABLE} WHERE state = 'pending'")
+            level = cursor.fetchone()[0]
+            if level is None:
+                break
+            levels.append(level)
         if not levels:
             return []
         parts, params = [], []
