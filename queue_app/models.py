@@ -103,7 +103,8 @@ class Job(models.Model):
 
     class Meta:
         ordering = ["-id"]
-        indexes = [models.Index(fields=["state", "kind"], name="jq_job_state_kind")]
+        # Counts by state, kind and queue (metrics, dashboard) read this index only.
+        indexes = [models.Index(fields=["state", "kind", "queue_name"], name="jq_job_state_kind_queue")]
         constraints = [
             models.CheckConstraint(
                 condition=Q(priority__gte=PRIORITY_MIN) & Q(priority__lte=PRIORITY_MAX),
