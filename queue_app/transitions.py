@@ -5,6 +5,7 @@ job and appends exactly one Event row. Nothing else writes Job.state, Event or D
     enqueue           (new)                pending                 enqueued
     claim             pending (ready)      leased                  claimed
     complete          leased*              completed               completed
+    complete_many     leased*              completed               completed  (one per job; batched acks)
     fail              leased*              pending (retry)         failed
                       leased*              dead_letter             dead_lettered
     release           leased*              pending                 released   (not started; attempt given back)
@@ -19,6 +20,7 @@ job and appends exactly one Event row. Nothing else writes Job.state, Event or D
       fencing token. A worker whose lease lapsed and was recovered (or re-claimed, even
       by itself) matches nothing, changes nothing, and is told so by the return value.
 """
+import json
 import logging
 from datetime import timedelta
 
@@ -238,6 +240,53 @@ def complete(job_id, *, worker_id, attempt, result=None, using=None):
             from_state=State.LEASED, to_state=State.COMPLETED, attempt=attempt, worker=worker_id,
         ).save(using=db)
     return True
+
+
+def complete_many(done, *, worker_id, using=None):
+    """Mark many leased jobs completed in one transaction (batched acks).
+
+    ``done`` is [(job_id, attempt, result)] for handlers that have returned. Return the
+    ids completed; the others were no longer this worker's (and are logged as lost).
+    """
+    done = [(job_id, attempt, validation.payload(result, "result")) for job_id, attempt, result in done]
+    if not done:
+        return set()
+    db = _db(using)
+    now = timezone.now()
+    wanted = {job_id: attempt for job_id, attempt, _ in done}
+    with transaction.atomic(using=db):
+        # Lock what we still hold, then write by id alone: the lock keeps the guard true.
+        held = {
+            job_id
+            for job_id, attempts in Job.objects.using(db)
+            .select_for_update()
+            .filter(id__in=list(wanted), state=State.LEASED, lease_owner=worker_id)
+            .values_list("id", "attempts")
+            if wanted[job_id] == attempts
+        }
+        by_result = {}
+        for job_id, _, result in done:
+            if job_id in held:
+                by_result.setdefault(json.dumps(result, sort_keys=True), (result, []))[1].append(job_id)
+        # One UPDATE per distinct result: no-op jobs (all None) settle in a single statement.
+        for result, ids in by_result.values():
+            Job.objects.using(db).filter(id__in=ids).update(
+                state=State.COMPLETED, finished_at=now, result=result, lease_owner=None, lease_expires_at=None,
+            )
+        Event.objects.using(db).bulk_create(
+            [
+                _event(
+                    job_id, EventType.COMPLETED, now,
+                    from_state=State.LEASED, to_state=State.COMPLETED, attempt=attempt, worker=worker_id,
+                )
+                for job_id, attempt, _ in done
+                if job_id in held
+            ]
+        )
+    for job_id, attempt, _ in done:
+        if job_id not in held:
+            _lost(job_id, worker_id, attempt, "complete")
+    return held
 
 
 def error_info(exc, tb_text=""):

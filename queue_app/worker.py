@@ -15,16 +15,21 @@ import os
 import signal
 import threading
 import time
+import traceback
 from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.sharedctypes import RawArray
 
 from django.db import close_old_connections, connection, connections
 
-from queue_app import execution, transitions
+from queue_app import execution, transitions, validation
 from queue_app.conf import settings
+from queue_app.exceptions import UnknownKind
 
 log = logging.getLogger("queue_app")
+
+# Longest a finished job waits for its batched acknowledgement while others run.
+ACK_DELAY = 0.05
 
 
 @dataclass(frozen=True)
@@ -191,6 +196,9 @@ class Loop:
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.waiter = None
+        self.acks = []
+        self.acks_since = 0.0
+        self.ack_lock = threading.Lock()
 
     def run(self):
         """Run until stopped, drained (burst) or out of budget; release what is left."""
@@ -198,6 +206,8 @@ class Loop:
         # Ctrl-C reaches the whole process group; the supervisor decides what it means.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         self.waiter = Waiter.for_connection(self.options)
+        if self.options.batch > 1:
+            threading.Thread(target=self._flusher, name="jq-acks", daemon=True).start()
         try:
             if self.options.threads == 1:
                 self._thread(0)
@@ -233,6 +243,7 @@ class Loop:
             while not self.stopping.is_set():
                 if self.buffer:
                     return self.buffer.popleft()
+                self._flush_acks()
                 limit = self.budget.take(self.options.batch)
                 if not limit:
                     return None
@@ -254,9 +265,15 @@ class Loop:
 
     def _run(self, i, job):
         timeout = job.timeout if job.timeout is not None else self.options.timeout
+        if timeout:
+            # This job may get the process killed: settle the finished ones first.
+            self._flush_acks()
         self.slots.start(i, job.id, job.attempts, timeout)
         try:
-            execution.execute(job, self.owner)
+            if self.options.batch > 1:
+                self._execute_batched(job)
+            else:
+                execution.execute(job, self.owner)
         except Exception:
             # Settling failed (database gone?): the lease lapses and recovery takes it back.
             log.exception("could not settle id=%s worker=%s", job.id, self.owner)
@@ -265,7 +282,63 @@ class Loop:
             self.slots.clear(i)
             self.slots.add_done()
 
+    def _execute_batched(self, job):
+        """execution.execute(), except that a success is acknowledged with others in one
+        transaction (complete_many). A job is never reported done before its handler
+        returned; a crash before the flush means those jobs run again (at-least-once)."""
+        try:
+            value = execution.call_handler(job)
+        except UnknownKind as exc:
+            # As execute(): retrying cannot help until a handler is deployed.
+            self._fail(job, exc, retry=False)
+            return
+        except Exception as exc:
+            self._fail(job, exc)
+            return
+        try:
+            result = validation.payload(value, "result")
+        except ValueError as exc:  # the handler returned something JSON cannot hold
+            self._fail(job, exc, retry=False)
+            return
+        with self.ack_lock:
+            if not self.acks:
+                self.acks_since = time.monotonic()
+            self.acks.append((job.id, job.attempts, result))
+            due = len(self.acks) >= self.options.batch or time.monotonic() - self.acks_since > ACK_DELAY
+        if due:
+            self._flush_acks()
+
+    def _fail(self, job, exc, retry=True):
+        log.info("failed id=%s kind=%s attempt=%s: %r", job.id, job.kind, job.attempts, exc)
+        tb = traceback.format_exc() if retry else ""
+        transitions.fail(job.id, worker_id=self.owner, attempt=job.attempts,
+                         error=transitions.error_info(exc, tb), retry=retry)
+
+    def _flusher(self):
+        """Acknowledge finished jobs that have waited ACK_DELAY, e.g. behind a long job."""
+        try:
+            while not self.stopping.wait(ACK_DELAY):
+                with self.ack_lock:
+                    overdue = self.acks and time.monotonic() - self.acks_since > ACK_DELAY
+                if overdue:
+                    self._flush_acks()
+        finally:
+            connection.close()
+
+    def _flush_acks(self):
+        with self.ack_lock:
+            acks, self.acks = self.acks, []
+        if not acks:
+            return
+        try:
+            transitions.complete_many(acks, worker_id=self.owner)
+        except Exception:
+            # The leases lapse and recovery hands the jobs out again: at-least-once.
+            log.exception("could not acknowledge %s jobs worker=%s", len(acks), self.owner)
+            connection.close()
+
     def _release_buffer(self):
+        self._flush_acks()
         while self.buffer:
             job = self.buffer.popleft()
             try:

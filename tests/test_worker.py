@@ -9,7 +9,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from queue_app import bulk_enqueue, enqueue, worker
+from queue_app import bulk_enqueue, enqueue, transitions, worker
 from queue_app.models import DeadLetter, EventType, Job, State, Worker, WorkerState
 from tests.worker_support import lease_settings, run_worker, start_worker, wait_for
 
@@ -53,6 +53,39 @@ def test_run_once_runs_one_batch_in_this_process():
     assert [state for _, state in outcomes] == ["completed"] * 3
     assert sorted(Job.objects.completed().values_list("result", flat=True)) == [1, 2, 3]
     assert Job.objects.pending().count() == 2
+
+
+@pytest.mark.parametrize("batch", [1, 10])  # acknowledged one by one; in batches
+def test_handler_returning_what_json_cannot_hold_is_dead_lettered_at_once(batch):
+    bad = enqueue("unserializable", max_attempts=3)
+    good = bulk_enqueue([{"kind": "echo", "payload": {"n": n}} for n in range(3)])
+
+    assert run_worker(burst=True, batch=batch) == 0
+
+    bad.refresh_from_db()
+    assert bad.state == State.DEAD_LETTER
+    assert bad.attempts == 1
+    assert DeadLetter.objects.get(job=bad).reason == "not_retryable"
+    assert Job.objects.filter(id__in=[j.id for j in good], state=State.COMPLETED).count() == 3
+
+
+def test_batched_acks_complete_only_the_jobs_this_worker_still_holds():
+    kept, taken = bulk_enqueue([{"kind": "echo"}, {"kind": "echo"}])
+    claimed = {j.id: j for j in transitions.claim("w/0.1", limit=2)}
+    transitions.cancel(taken.id, reason="operator")
+
+    done = transitions.complete_many(
+        [(kept.id, claimed[kept.id].attempts, {"ok": 1}), (taken.id, claimed[taken.id].attempts, None)],
+        worker_id="w/0.1",
+    )
+
+    assert done == {kept.id}
+    kept.refresh_from_db()
+    taken.refresh_from_db()
+    assert (kept.state, kept.result) == (State.COMPLETED, {"ok": 1})
+    assert taken.state == State.CANCELLED
+    assert events(kept)[-1] == EventType.COMPLETED
+    assert EventType.COMPLETED not in events(taken)
 
 
 def test_raising_handler_retries_with_backoff_then_dead_letters(settings):

@@ -1,0 +1,101 @@
+"""Drain throughput of runworker on no-op jobs, one JSON line per database and setting.
+
+    .venv/bin/python benchmarks/worker_throughput.py                       # sqlite, postgres, mysql
+    .venv/bin/python benchmarks/worker_throughput.py --db sqlite --jobs 20000 --batch 1,100
+
+For each database: a fresh database, N no-op jobs bulk-enqueued with the workers
+stopped, then `manage.py runworker --burst` with --concurrency processes. ``jobs_per_s``
+counts from the first claim to the last completion (timestamps in the database), so
+process start-up is left out; ``wall_s`` is the whole command, start-up included.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+URLS = {
+    "sqlite": "sqlite:////tmp/jq_bench_worker.db",
+    "postgres": "postgres://postgres@127.0.0.1:5432/jq_bench_worker",
+    "mysql": "mysql://root@127.0.0.1:3306/jq_bench_worker",
+}
+
+
+def fresh_database(db):
+    if db == "sqlite":
+        for suffix in ("", "-wal", "-shm"):
+            Path("/tmp/jq_bench_worker.db" + suffix).unlink(missing_ok=True)
+    elif db == "postgres":
+        import psycopg
+
+        with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as c:
+            c.execute("DROP DATABASE IF EXISTS jq_bench_worker WITH (FORCE)")
+            c.execute("CREATE DATABASE jq_bench_worker")
+    elif db == "mysql":
+        import MySQLdb
+
+        c = MySQLdb.connect(host="127.0.0.1", user="root", port=3306)
+        c.cursor().execute("DROP DATABASE IF EXISTS jq_bench_worker")
+        c.cursor().execute("CREATE DATABASE jq_bench_worker CHARACTER SET utf8mb4")
+        c.close()
+    run(db, [PY, "manage.py", "migrate", "-v0"])
+
+
+def run(db, argv, **kw):
+    env = dict(os.environ, DATABASE_URL=URLS[db], JOBQUEUE_LOG_LEVEL="WARNING")
+    return subprocess.run(argv, cwd=ROOT, env=env, check=True, capture_output=True, text=True, **kw)
+
+
+def django_snippet(db, code):
+    prelude = (
+        "import os, django, json; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'jobqueue_project.settings');"
+        " django.setup()\n"
+    )
+    return run(db, [PY, "-c", prelude + code]).stdout
+
+
+def one(db, jobs, concurrency, batch, threads):
+    fresh_database(db)
+    django_snippet(db, f"from queue_app import bulk_enqueue\nbulk_enqueue([{{'kind': 'noop'}}] * {jobs})")
+    began = time.perf_counter()
+    run(db, [PY, "manage.py", "runworker", "--burst", "--import", "tests.worker_support",
+             "--concurrency", str(concurrency), "--threads", str(threads), "--batch", str(batch),
+             "--poll", "50ms"])
+    wall = time.perf_counter() - began
+    report = json.loads(django_snippet(db, (
+        "from django.db.models import Min, Max\nfrom queue_app.models import Job\n"
+        "a = Job.objects.aggregate(first=Min('started_at'), last=Max('finished_at'))\n"
+        "print(json.dumps({'done': Job.objects.completed().count(),"
+        " 'span': (a['last'] - a['first']).total_seconds()}))"
+    )))
+    return {
+        "bench": "worker_drain", "db": db, "jobs": jobs, "completed": report["done"],
+        "concurrency": concurrency, "threads": threads, "batch": batch,
+        "drain_s": round(report["span"], 3), "jobs_per_s": round(report["done"] / report["span"]),
+        "wall_s": round(wall, 3),
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--db", action="append", choices=sorted(URLS))
+    parser.add_argument("--jobs", type=int, default=10000)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--batch", default="1,100", help="comma-separated batch sizes")
+    args = parser.parse_args()
+    for db in args.db or ["sqlite", "postgres", "mysql"]:
+        for batch in [int(b) for b in args.batch.split(",")]:
+            try:
+                print(json.dumps(one(db, args.jobs, args.concurrency, batch, args.threads)), flush=True)
+            except subprocess.CalledProcessError as exc:
+                print(json.dumps({"bench": "worker_drain", "db": db, "batch": batch,
+                                  "error": (exc.stderr or "")[-500:]}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
