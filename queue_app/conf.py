@@ -50,8 +50,6 @@ DEFAULTS = {
     "RECOVERY_INTERVAL": 15.0,
     # Seconds a stopping worker lets claimed jobs finish before releasing them.
     "GRACE_SECONDS": 30.0,
-    # A registered worker whose heartbeat is older than this is shown as lost.
-    "WORKER_LOST_AFTER": 60.0,
     # PostgreSQL channel that enqueue NOTIFYs and idle workers LISTEN on; None disables.
     "NOTIFY_CHANNEL": "jobqueue",
     # /metrics: with a token set, a scrape must send "Authorization: Bearer <token>" (or

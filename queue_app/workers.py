@@ -7,6 +7,7 @@ worker sees it on its next heartbeat.
 import socket
 from datetime import timedelta
 
+from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -14,21 +15,42 @@ from queue_app.conf import settings
 from queue_app.models import Job, Worker, WorkerState
 
 
+class NameInUse(Exception):
+    pass
+
+
 def register(name, *, pid, queues, kinds, concurrency, threads):
-    """Record a starting worker and return its row."""
+    """Record a starting worker and return its row.
+
+    A name may be reused once its previous holder has stopped or been lost; a live
+    worker's name is refused (NameInUse) so two processes never share lease owners.
+    """
     now = timezone.now()
-    return Worker.objects.create(
-        name=name,
-        host=socket.gethostname(),
-        pid=pid,
-        queues=list(queues or []),
-        kinds=list(kinds or []),
-        concurrency=concurrency,
-        threads=threads,
-        state=WorkerState.RUNNING,
-        started_at=now,
-        last_heartbeat=now,
-    )
+    fields = {
+        "host": socket.gethostname(),
+        "pid": pid,
+        "queues": list(queues or []),
+        "kinds": list(kinds or []),
+        "concurrency": concurrency,
+        "threads": threads,
+        "state": WorkerState.RUNNING,
+        "started_at": now,
+        "last_heartbeat": now,
+        "stopped_at": None,
+        "stop_requested_at": None,
+        "jobs_in_hand": 0,
+        "jobs_done": 0,
+    }
+    with transaction.atomic():
+        old = Worker.objects.select_for_update().filter(name=name).first()
+        if old is None:
+            return Worker.objects.create(name=name, **fields)
+        if status(old, now) not in (WorkerState.STOPPED, "lost"):
+            raise NameInUse(f"a worker named {name!r} is already running (pid {old.pid} on {old.host})")
+        for key, value in fields.items():
+            setattr(old, key, value)
+        old.save()
+        return old
 
 
 def heartbeat(worker_id, *, jobs_in_hand=0, jobs_done=0):
@@ -74,7 +96,8 @@ def status(worker, now=None):
     """The state as `workers` shows it: a live row whose heartbeat went stale is lost."""
     now = now or timezone.now()
     if worker.state != WorkerState.STOPPED and now - worker.last_heartbeat > timedelta(
-        seconds=settings.WORKER_LOST_AFTER
+        # The same limit /health and /metrics use, so all three agree on who is lost.
+        seconds=settings.HEALTH_WORKER_STALE_SECONDS
     ):
         return "lost"
     return worker.state

@@ -149,3 +149,17 @@ def test_work_is_runworker_under_the_seeds_name():
         e == [EventType.ENQUEUED, EventType.CLAIMED, EventType.COMPLETED]
         for e in (list(j.events.values_list("type", flat=True)) for j in Job.objects.completed())
     )
+
+
+def test_a_stopped_workers_name_can_be_reused_but_a_running_ones_cannot():
+    WorkerFactory(name="reused", state=WorkerState.STOPPED, jobs_done=7)
+    WorkerFactory(name="busy")
+    enqueue("echo")
+
+    call_command("runworker", "--burst", "--name", "reused", "--poll", "50ms")
+    with pytest.raises(CommandError, match="'busy' is already running"):
+        call_command("runworker", "--burst", "--name", "busy")
+
+    row = Worker.objects.get(name="reused")
+    assert (row.state, row.jobs_done) == (WorkerState.STOPPED, 1)
+    assert Job.objects.get().state == State.COMPLETED

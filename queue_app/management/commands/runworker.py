@@ -4,7 +4,7 @@ import importlib
 
 from django.core.management.base import BaseCommand, CommandError
 
-from queue_app import durations, worker
+from queue_app import durations, worker, workers
 
 
 def duration(text):
@@ -85,6 +85,9 @@ class Command(BaseCommand):
             burst=o["burst"],
             name=o["name"],
         )
-        code = worker.run(options)
+        try:
+            code = worker.run(options)
+        except workers.NameInUse as exc:
+            raise CommandError(str(exc)) from None
         if code:
             raise SystemExit(code)
