@@ -98,6 +98,17 @@ class Job(models.Model):
     result = models.JSONField(null=True, blank=True)
     last_error = models.JSONField(null=True, blank=True)
     timeout = models.FloatField(null=True, blank=True, help_text="Seconds; empty for the default.")
+    # Workflows (chaining.py, webhooks.py): follow-up job templates, the job that
+    # chained this one, and where to POST the outcome. All nullable so adding them to
+    # a large table is a catalogue change, not a rewrite.
+    on_success = models.JSONField(null=True, blank=True)
+    on_failure = models.JSONField(null=True, blank=True)
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, related_name="children",
+        # No constraint and no cascade: pruning a parent leaves the child's history alone.
+        on_delete=models.DO_NOTHING, db_constraint=False,
+    )
+    webhook_url = models.CharField(max_length=2000, null=True, blank=True)
 
     objects = JobQuerySet.as_manager()
 
@@ -291,3 +302,84 @@ class ApiKey(models.Model):
 
     def __str__(self):
         return f"{self.name} ({self.prefix}…)"
+
+
+class PauseScope(models.TextChoices):
+    QUEUE = "queue"
+    KIND = "kind"
+
+
+class Pause(models.Model):
+    """A paused queue or kind: its pending jobs stay pending and no claim leases them."""
+
+    id = models.BigAutoField(primary_key=True)
+    scope = models.CharField(max_length=8, choices=PauseScope.choices)
+    name = models.CharField(max_length=KIND_MAX_LENGTH)
+    created_at = models.DateTimeField(default=timezone.now)
+    actor = models.CharField(max_length=255, blank=True, default="")
+    reason = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["scope", "name"]
+        constraints = [models.UniqueConstraint(fields=["scope", "name"], name="jq_pause_scope_name")]
+
+    def __str__(self):
+        return f"{self.scope} {self.name} (paused)"
+
+
+class KindLimit(models.Model):
+    """Flow control for one kind, cluster-wide (see flow.py): at most ``concurrency``
+    leased at once, at most ``rate_limit`` starts per ``rate_period`` seconds.
+
+    The row is also the lock that claims of this kind take; ``window_start`` and
+    ``window_count`` are the current rate window, written under that lock.
+    """
+
+    kind = models.CharField(max_length=KIND_MAX_LENGTH, primary_key=True)
+    concurrency = models.PositiveIntegerField(null=True, blank=True, help_text="Empty: no limit.")
+    rate_limit = models.PositiveIntegerField(null=True, blank=True, help_text="Starts per period; empty: no limit.")
+    rate_period = models.FloatField(default=60.0, help_text="Seconds.")
+    window_start = models.DateTimeField(null=True, blank=True)
+    window_count = models.PositiveIntegerField(default=0)
+    from_settings = models.BooleanField(default=False)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["kind"]
+
+    def __str__(self):
+        return f"limit {self.kind}"
+
+
+class MissedTicks(models.TextChoices):
+    # After downtime, the missed ticks of a schedule run once (the latest of them).
+    RUN_ONCE = "run_once"
+    # After downtime, missed ticks are dropped; the next tick runs on time.
+    SKIP = "skip"
+
+
+class Schedule(models.Model):
+    """A cron schedule: ``scheduling.tick()`` enqueues one job per due tick."""
+
+    id = models.BigAutoField(primary_key=True)
+    name = models.CharField(max_length=100, unique=True)
+    cron = models.CharField(max_length=200, help_text="Cron expression, e.g. '*/5 * * * *' (croniter; 6 fields = seconds).")
+    kind = models.CharField(max_length=KIND_MAX_LENGTH)
+    payload = models.JSONField(default=dict, blank=True)
+    queue_name = models.CharField(max_length=QUEUE_NAME_MAX_LENGTH, default="default")
+    priority = models.SmallIntegerField(default=0)
+    # Defined before the ``timezone`` field, which shadows the module in this class body.
+    created_at = models.DateTimeField(default=timezone.now)
+    timezone = models.CharField(max_length=64, default="UTC")
+    enabled = models.BooleanField(default=True)
+    # Empty: the setting SCHEDULE_MISSED_TICKS.
+    missed_ticks = models.CharField(max_length=16, choices=MissedTicks.choices, blank=True, default="")
+    # The latest tick enqueued; the next one is computed from it.
+    last_tick = models.DateTimeField(null=True, blank=True)
+    from_settings = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return f"{self.name} ({self.cron})"
