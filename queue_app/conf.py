@@ -36,6 +36,11 @@ DEFAULTS = {
     "BULK_BATCH_SIZE": 500,
     # kind -> "dotted.path.to.callable", merged into the handler registry at start-up.
     "HANDLERS": {},
+    # `manage.py enqueue --command "..."` and the sample "shell" kind run shell commands
+    # on the workers: off unless a project turns it on.
+    "SHELL_JOBS": False,
+    # `manage.py prune`: jobs deleted (with their events) per transaction.
+    "PRUNE_BATCH_SIZE": 1000,
     # runworker: processes, threads per process and jobs leased per claim.
     "WORKER_CONCURRENCY": 1,
     "WORKER_THREADS": 1,
@@ -90,6 +95,28 @@ DEFAULTS = {
     "DASHBOARD_COUNT_CAP": 100000,
     "DASHBOARD_PAGE_SIZE": 50,
     "DASHBOARD_REFRESH_SECONDS": 5,
+    # Flow control (flow.py): kind -> {"concurrency": N, "rate_limit": N, "rate_period": s}.
+    # Copied into the KindLimit table when a worker starts or `manage.py limits --sync`
+    # runs; edit them at runtime in the admin or with `manage.py limits`.
+    "LIMITS": {},
+    # Cron schedules (scheduling.py): name -> {"cron", "kind", "payload", "queue_name",
+    # "priority", "timezone", "enabled", "missed_ticks"}; synced into the Schedule table.
+    "SCHEDULES": {},
+    # Seconds between a worker's schedule ticks; 0 disables ticking in that worker.
+    "SCHEDULE_INTERVAL": 1.0,
+    # A due tick older than this many seconds was missed (the scheduler was down).
+    "SCHEDULE_GRACE_SECONDS": 60.0,
+    # What happens to missed ticks: "run_once" (the latest of them runs) or "skip".
+    "SCHEDULE_MISSED_TICKS": "run_once",
+    # Webhooks (webhooks.py): only these hosts may be called (exact names or IPs; a
+    # leading "." allows subdomains). Empty refuses every webhook.
+    "WEBHOOK_ALLOWED_HOSTS": [],
+    # With a secret, deliveries carry "X-Jobqueue-Signature: sha256=<hex HMAC of body>".
+    "WEBHOOK_SECRET": None,
+    "WEBHOOK_TIMEOUT": 10.0,
+    "WEBHOOK_MAX_ATTEMPTS": 5,
+    # Queue of delivery jobs; None delivers on the finished job's own queue.
+    "WEBHOOK_QUEUE": None,
     # `manage.py web`: gunicorn's bind address, worker processes and request timeout.
     "WEB_ADDR": "127.0.0.1:8000",
     "WEB_WORKERS": 2,
