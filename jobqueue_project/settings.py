@@ -127,7 +127,12 @@ JOBQUEUE = {
         "report": "queue_app.samples.report",
         "flaky": "queue_app.samples.flaky",
         "slow": "queue_app.samples.slow",
+        "webhook": "queue_app.samples.webhook",
+        "crashy": "queue_app.samples.crashy",
+        "shell": "queue_app.samples.shell",
     },
+    # `enqueue --command` / the "shell" kind run shell commands on the workers.
+    "SHELL_JOBS": env.bool("JOBQUEUE_SHELL_JOBS", default=False),
 }
 
 LOGGING = {

@@ -2,9 +2,16 @@
 
 Each handler takes the job's JSON payload; ``flaky`` also looks at the job's attempt.
 """
+import hashlib
+import hmac
+import json
+import os
+import subprocess
 import time
+import urllib.request
 
 from queue_app import registry
+from queue_app.conf import settings
 
 
 def email(payload):
@@ -28,11 +35,53 @@ def flaky(payload, job):
 
 
 def slow(payload):
+    """Sleep ``seconds`` (default 1): a long job to watch, time out or kill."""
     time.sleep(float(payload.get("seconds", 1)))
     return "done"
 
 
-SAMPLES = {"email": email, "report": report, "flaky": flaky, "slow": slow}
+def webhook(payload):
+    """Sign ``body`` with HMAC-SHA256 and POST it to ``url``; ``dry_run`` only signs."""
+    body = json.dumps(payload.get("body", {}), sort_keys=True, separators=(",", ":")).encode()
+    signature = hmac.new(str(payload.get("secret", "")).encode(), body, hashlib.sha256).hexdigest()
+    if payload.get("dry_run") or not payload.get("url"):
+        return {"signature": signature, "delivered": False}
+    request = urllib.request.Request(
+        payload["url"], data=body, method="POST",
+        headers={"Content-Type": "application/json", "X-Signature-SHA256": signature},
+    )
+    with urllib.request.urlopen(request, timeout=float(payload.get("timeout", 10))) as response:
+        return {"signature": signature, "delivered": True, "status": response.status}
+
+
+def crashy(payload, job):
+    """Kill the process running it (as a segfault would) until attempt ``succeed_on``.
+
+    Shows that the worker survives a handler that takes its process down: the
+    supervisor fails the job with the exit status and the retry runs in a new process.
+    """
+    if job.attempts < int(payload.get("succeed_on", 2)):
+        os._exit(70)
+    return {"attempt": job.attempts}
+
+
+def shell(payload):
+    """Run ``command`` in a shell; only when JOBQUEUE["SHELL_JOBS"] is True."""
+    if not settings.SHELL_JOBS:
+        raise PermissionError('shell jobs are disabled; set JOBQUEUE["SHELL_JOBS"] = True to allow them')
+    done = subprocess.run(
+        payload["command"], shell=True, capture_output=True, text=True,
+        timeout=payload.get("timeout"), check=False,
+    )
+    if done.returncode:
+        raise RuntimeError(f"exit status {done.returncode}: {done.stderr.strip()[-2000:]}")
+    return {"stdout": done.stdout[-10000:], "stderr": done.stderr[-10000:]}
+
+
+SAMPLES = {
+    "email": email, "report": report, "webhook": webhook, "flaky": flaky, "slow": slow,
+    "crashy": crashy, "shell": shell,
+}
 
 
 def register():
