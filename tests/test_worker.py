@@ -192,10 +192,10 @@ def test_default_timeout_applies_to_jobs_that_set_none(settings):
 
 
 def test_long_job_keeps_its_lease_through_heartbeats_while_recovery_runs():
-    job = enqueue("sleepy", {"seconds": 2.5})
+    job = enqueue("sleepy", {"seconds": 3.0})
 
-    # Recovery sweeps every 0.2s: had the 1s lease lapsed, it would take the job back.
-    assert run_worker(burst=True, lease=1.0, recovery_interval=0.2) == 0
+    # Recovery sweeps every 0.2s: had the 1.5s lease lapsed, it would take the job back.
+    assert run_worker(burst=True, lease=1.5, recovery_interval=0.2) == 0
 
     job.refresh_from_db()
     assert job.state == State.COMPLETED
