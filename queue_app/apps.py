@@ -7,6 +7,7 @@ class QueueAppConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from queue_app import registry
+        from queue_app import registry, webhooks
 
+        registry.register(webhooks.KIND, webhooks.deliver)
         registry.load_configured_handlers()

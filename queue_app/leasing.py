@@ -28,22 +28,31 @@ Vendors:
 - SQLite: one UPDATE ... WHERE id IN (SELECT ... LIMIT n) RETURNING id inside an
   IMMEDIATE transaction: writers are serialised by the database lock, so no row
   locks are needed.
+
+Exclusions (paused queues and kinds, and kinds claimed separately under a limit; see
+flow.py) are extra conditions on the per-level seeks. The seek stays on the index, but
+it steps over excluded rows one by one: a level whose oldest ready jobs are mostly
+paused costs as many rows as are paused ahead of the first claimable one.
 """
 from queue_app.models import State
 
 TABLE = "queue_app_job"
 
 
-def claim(connection, *, owner, limit, now, expires, queues=None, kinds=None, aging_us=0):
+def claim(
+    connection, *, owner, limit, now, expires, queues=None, kinds=None, aging_us=0,
+    exclude_queues=None, exclude_kinds=None,
+):
     """Lease up to ``limit`` ready jobs to ``owner``; return their ids."""
     scan = max(2 * limit, limit + 16)
     vendor = connection.vendor
+    excl = (sorted(exclude_queues or ()), sorted(exclude_kinds or ()))
     if vendor == "postgresql":
-        return _claim_postgresql(connection, owner, limit, scan, now, expires, queues, kinds, aging_us)
+        return _claim_postgresql(connection, owner, limit, scan, now, expires, queues, kinds, aging_us, excl)
     if vendor == "mysql":
-        return _claim_mysql(connection, owner, limit, scan, now, expires, queues, kinds, aging_us)
+        return _claim_mysql(connection, owner, limit, scan, now, expires, queues, kinds, aging_us, excl)
     if vendor == "sqlite":
-        return _claim_sqlite(connection, owner, limit, scan, now, expires, queues, kinds, aging_us)
+        return _claim_sqlite(connection, owner, limit, scan, now, expires, queues, kinds, aging_us, excl)
     raise NotImplementedError(f"jobqueue does not support the {vendor} database")
 
 
@@ -58,7 +67,7 @@ _SET = (
 )
 
 
-def _claim_postgresql(connection, owner, limit, scan, now, expires, queues, kinds, aging_us):
+def _claim_postgresql(connection, owner, limit, scan, now, expires, queues, kinds, aging_us, excl):
     params = []
     queue_join = ""
     queue_cond = ""
@@ -71,6 +80,10 @@ def _claim_postgresql(connection, owner, limit, scan, now, expires, queues, kind
     if kinds:
         kind_cond = "AND j.kind = ANY(%s::text[])"
         lateral_params.append(list(kinds))
+    for column, names in zip(("queue_name", "kind"), excl):
+        if names:
+            kind_cond += f" AND NOT (j.{column} = ANY(%s::text[]))"
+            lateral_params.append(names)
     lateral_params.append(scan)
     if aging_us:
         eff = (
@@ -117,7 +130,7 @@ def _claim_postgresql(connection, owner, limit, scan, now, expires, queues, kind
         return [row[0] for row in cursor.fetchall()]
 
 
-def _claim_mysql(connection, owner, limit, scan, now, expires, queues, kinds, aging_us):
+def _claim_mysql(connection, owner, limit, scan, now, expires, queues, kinds, aging_us, excl):
     now_db = _adapt(connection, now)
     with connection.cursor() as cursor:
         # MariaDB plans DISTINCT here as a scan of every pending row, and a recursive CTE
@@ -149,6 +162,10 @@ def _claim_mysql(connection, owner, limit, scan, now, expires, queues, kinds, ag
                 if kinds:
                     cond += f" AND kind IN ({', '.join(['%s'] * len(kinds))})"
                     p.extend(kinds)
+                for column, names in zip(("queue_name", "kind"), excl):
+                    if names:
+                        cond += f" AND {column} NOT IN ({', '.join(['%s'] * len(names))})"
+                        p.extend(names)
                 parts.append(
                     f"(SELECT id FROM {TABLE} WHERE {cond} ORDER BY run_at, created_at, id LIMIT %s)"
                 )
@@ -183,7 +200,7 @@ def _sqlite_us(expr):
     return f"(CAST(strftime('%%s', {expr}) AS INTEGER) * 1000000 + CAST(substr({expr} || '.000000', 21, 6) AS INTEGER))"
 
 
-def _claim_sqlite(connection, owner, limit, scan, now, expires, queues, kinds, aging_us):
+def _claim_sqlite(connection, owner, limit, scan, now, expires, queues, kinds, aging_us, excl):
     now_db = _adapt(connection, now)
     params = []
     queue_from, queue_cond = "", ""
@@ -196,6 +213,10 @@ def _claim_sqlite(connection, owner, limit, scan, now, expires, queues, kinds, a
     if kinds:
         kind_cond = f"AND k.kind IN ({', '.join(['%s'] * len(kinds))})"
         inner.extend(kinds)
+    for column, names in zip(("queue_name", "kind"), excl):
+        if names:
+            kind_cond += f" AND k.{column} NOT IN ({', '.join(['%s'] * len(names))})"
+            inner.extend(names)
     inner.append(scan)
     if aging_us:
         eff = f"j.priority + (({_sqlite_us('%s')} - {_sqlite_us('j.run_at')}) / %s)"

@@ -26,7 +26,8 @@ import time
 
 from django.db import connections
 
-from queue_app import transitions, workers
+from queue_app import flow, scheduling, transitions, workers
+from queue_app.conf import settings
 from queue_app.worker import Budget, Slots, child_main
 
 log = logging.getLogger("queue_app")
@@ -102,6 +103,11 @@ class Supervisor:
         started = time.monotonic()
         try:
             self._recover()
+            # Flow control and cron (flow.py, scheduling.py): settings into their tables,
+            # then every worker ticks the schedules; the tick's unique keys make that safe.
+            self._guard(flow.sync_limits)
+            self._guard(scheduling.sync_schedules)
+            next_schedule = time.monotonic()
             for slot in range(o.concurrency):
                 self._spawn(slot)
             next_beat = time.monotonic() + o.heartbeat
@@ -127,6 +133,9 @@ class Supervisor:
                 if o.recovery_interval and now >= next_recovery:
                     next_recovery = now + o.recovery_interval
                     self._recover()
+                if settings.SCHEDULE_INTERVAL and not self.stopping and now >= next_schedule:
+                    next_schedule = now + float(settings.SCHEDULE_INTERVAL)
+                    self._guard(scheduling.tick)
                 if self.stopping and self.children and now >= self.stop_deadline:
                     self._kill_all("grace period over")
                 if not self.children:

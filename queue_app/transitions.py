@@ -25,9 +25,10 @@ import logging
 from datetime import timedelta
 
 from django.db import IntegrityError, connections, router, transaction
+from django.db.models import BooleanField, ExpressionWrapper, Q
 from django.utils import timezone
 
-from queue_app import backoff, leasing, ordering, validation
+from queue_app import backoff, chaining, flow, leasing, ordering, validation, webhooks
 from queue_app.conf import settings
 from queue_app.exceptions import InvalidTransition, JobNotFound
 from queue_app.models import DeadLetter, Event, EventType, Job, State
@@ -69,17 +70,23 @@ def _new_job(req, now):
         idempotency_key=req.idempotency_key,
         timeout=req.timeout,
         created_at=now,
+        on_success=req.on_success,
+        on_failure=req.on_failure,
+        webhook_url=req.webhook_url,
+        parent_id=req.parent_id,
     )
 
 
-def _enqueued_event(job, now):
-    return _event(
-        job.id,
-        EventType.ENQUEUED,
-        now,
-        to_state=State.PENDING,
-        metadata={"queue": job.queue_name, "priority": job.priority, "run_at": job.run_at.isoformat()},
-    )
+def _enqueued_event(job, now, **extra):
+    meta = {"queue": job.queue_name, "priority": job.priority, "run_at": job.run_at.isoformat()}
+    if job.parent_id is not None:
+        meta["parent"] = job.parent_id
+    return _event(job.id, EventType.ENQUEUED, now, to_state=State.PENDING, metadata={**meta, **extra})
+
+
+def _window_passed(existing, req, now):
+    """With unique_for, a key dedupes only within that many seconds of the job holding it."""
+    return req.unique_for is not None and existing.created_at + timedelta(seconds=req.unique_for) <= now
 
 
 def _notify(db, jobs, now):
@@ -103,21 +110,35 @@ def enqueue(req, *, using=None):
     """Insert a validated EnqueueRequest; return (job, created).
 
     With an idempotency key the database's unique index decides: of concurrent
-    enqueues with one key exactly one inserts, the others get that job back.
+    enqueues with one key exactly one inserts, the others get that job back. With
+    ``unique_for`` a job older than the window gives its key up (as cancel does; the
+    new job's enqueued event records it) in the same savepoint as the insert, so of
+    concurrent enqueues after the window still exactly one inserts.
     """
     db = _db(using)
     now = timezone.now()
     with transaction.atomic(using=db):
+        stale = None
         if req.idempotency_key is not None:
             existing = Job.objects.using(db).filter(idempotency_key=req.idempotency_key).first()
             if existing is not None:
-                return existing, False
+                if not _window_passed(existing, req, now):
+                    return existing, False
+                stale = existing
         job = _new_job(req, now)
+        extra = {}
         try:
             # A savepoint so that losing the race leaves the caller's transaction usable.
             with transaction.atomic(using=db):
+                if stale is not None:
+                    # Matches nothing if a concurrent enqueue released it first; then our
+                    # insert loses on the unique index and returns that one's job.
+                    Job.objects.using(db).filter(id=stale.id, idempotency_key=req.idempotency_key).update(
+                        idempotency_key=None
+                    )
+                    extra["dedupe_released"] = {"job": stale.id, "key": req.idempotency_key}
                 job.save(using=db, force_insert=True)
-                _enqueued_event(job, now).save(using=db, force_insert=True)
+                _enqueued_event(job, now, **extra).save(using=db, force_insert=True)
                 _notify(db, [job], now)
         except IntegrityError:
             if req.idempotency_key is None:
@@ -173,20 +194,20 @@ def claim(worker_id, *, limit=1, queues=None, kinds=None, lease_seconds=None, ag
         queues = None
     now = now or timezone.now()
     expires = now + timedelta(seconds=lease)
-    with transaction.atomic(using=db):
+    # Paused queues/kinds are never leased; limited kinds are claimed one by one under
+    # their limit row's lock before the main claim (flow.py says why).
+    pauses = flow.current_pauses(db)
+    limits = flow.active_limits(db)
+
+    def lease(n, **filters):
         ids = leasing.claim(
-            connection,
-            owner=worker_id,
-            limit=limit,
-            now=now,
-            expires=expires,
-            queues=list(queues) if queues else None,
-            kinds=list(kinds) if kinds else None,
-            aging_us=ordering.aging_microseconds(aging),
+            connection, owner=worker_id, limit=n, now=now, expires=expires,
+            queues=list(queues) if queues else None, aging_us=ordering.aging_microseconds(aging),
+            exclude_queues=pauses.queues, **filters,
         )
         if not ids:
             return []
-        jobs = list(Job.objects.using(db).filter(id__in=ids))
+        leased = list(Job.objects.using(db).filter(id__in=ids))
         Event.objects.using(db).bulk_create(
             [
                 _event(
@@ -199,11 +220,43 @@ def claim(worker_id, *, limit=1, queues=None, kinds=None, lease_seconds=None, ag
                     worker=worker_id,
                     metadata={"lease_expires_at": expires.isoformat()},
                 )
-                for job in jobs
+                for job in leased
             ]
         )
+        return leased
+
+    jobs = []
+    for kind in flow.kinds_to_claim(limits, kinds, pauses):
+        if len(jobs) >= limit:
+            break
+        with transaction.atomic(using=db):
+            row, free = flow.reserve(kind, limit - len(jobs), now, using=db)
+            if free:
+                got = lease(free, kinds=[kind])
+                flow.record_starts(row, len(got), now, using=db)
+                jobs += got
+    excluded = pauses.kinds | set(limits)
+    wanted = [k for k in kinds if k not in excluded] if kinds else None
+    if len(jobs) < limit and (wanted is None or wanted):
+        with transaction.atomic(using=db):
+            jobs += lease(limit - len(jobs), kinds=wanted, exclude_kinds=excluded)
     jobs.sort(key=lambda j: ordering.sort_key(j, now, aging))
     return jobs
+
+
+# What a terminal edge reads to enqueue follow-ups (not the payload, which may be large).
+_FOLLOW_UP_FIELDS = (
+    "id", "kind", "queue_name", "attempts", "created_at", "started_at", "on_success", "on_failure", "webhook_url",
+)
+
+
+def _follow_ups(db, job, state, now, *, result=None, error=None):
+    """Enqueue a finished job's chained job and webhook delivery, in the caller's
+    transaction; return what its terminal event records about them."""
+    return {
+        **chaining.follow_up(job, state, now, result=result, error=error, using=db),
+        **webhooks.notify(job, state, now, result=result, error=error, using=db),
+    }
 
 
 def _owned(db, job_id, worker_id, attempt):
@@ -235,11 +288,19 @@ def complete(job_id, *, worker_id, attempt, result=None, using=None):
         if not changed:
             _lost(job_id, worker_id, attempt, "complete")
             return False
+        job = Job.objects.using(db).only(*_FOLLOW_UP_FIELDS).get(id=job_id)
         _event(
             job_id, EventType.COMPLETED, now,
             from_state=State.LEASED, to_state=State.COMPLETED, attempt=attempt, worker=worker_id,
+            metadata=_follow_ups(db, job, State.COMPLETED, now, result=result),
         ).save(using=db)
     return True
+
+
+# Whether a job has anything to enqueue when it completes; read with the batch's lock.
+_HAS_FOLLOW_UP = ExpressionWrapper(
+    Q(on_success__isnull=False) | Q(webhook_url__isnull=False), output_field=BooleanField()
+)
 
 
 def complete_many(done, *, worker_id, using=None):
@@ -256,14 +317,17 @@ def complete_many(done, *, worker_id, using=None):
     wanted = {job_id: attempt for job_id, attempt, _ in done}
     with transaction.atomic(using=db):
         # Lock what we still hold, then write by id alone: the lock keeps the guard true.
-        held = {
-            job_id
-            for job_id, attempts in Job.objects.using(db)
+        rows = [
+            (job_id, has_follow_up)
+            for job_id, attempts, has_follow_up in Job.objects.using(db)
             .select_for_update()
             .filter(id__in=list(wanted), state=State.LEASED, lease_owner=worker_id)
-            .values_list("id", "attempts")
+            .annotate(has_follow_up=_HAS_FOLLOW_UP)
+            .values_list("id", "attempts", "has_follow_up")
             if wanted[job_id] == attempts
-        }
+        ]
+        held = {job_id for job_id, _ in rows}
+        follow = {job_id for job_id, has_follow_up in rows if has_follow_up}
         by_result = {}
         for job_id, _, result in done:
             if job_id in held:
@@ -273,11 +337,17 @@ def complete_many(done, *, worker_id, using=None):
             Job.objects.using(db).filter(id__in=ids).update(
                 state=State.COMPLETED, finished_at=now, result=result, lease_owner=None, lease_expires_at=None,
             )
+        meta = {}
+        if follow:
+            results = {job_id: result for job_id, _, result in done}
+            for job in Job.objects.using(db).only(*_FOLLOW_UP_FIELDS).filter(id__in=follow):
+                meta[job.id] = _follow_ups(db, job, State.COMPLETED, now, result=results[job.id])
         Event.objects.using(db).bulk_create(
             [
                 _event(
                     job_id, EventType.COMPLETED, now,
                     from_state=State.LEASED, to_state=State.COMPLETED, attempt=attempt, worker=worker_id,
+                    metadata=meta.get(job_id),
                 )
                 for job_id, attempt, _ in done
                 if job_id in held
@@ -346,7 +416,8 @@ def fail(job_id, *, worker_id, attempt, error, retry=True, retry_delay=None, usi
         _event(
             job.id, EventType.DEAD_LETTERED, now,
             from_state=State.LEASED, to_state=State.DEAD_LETTER, attempt=attempt, worker=worker_id,
-            message=message, metadata={"error": error, "reason": reason},
+            message=message,
+            metadata={"error": error, "reason": reason, **_follow_ups(db, job, State.DEAD_LETTER, now, error=error)},
         ).save(using=db)
         return State.DEAD_LETTER
 
@@ -410,13 +481,15 @@ def recover(*, limit=500, now=None, using=None):
             }
             to = State.PENDING if job.attempts < job.max_attempts else State.DEAD_LETTER
             (back if to == State.PENDING else dead).append(job.id)
+            meta = {"error": error}
             if to == State.DEAD_LETTER:
                 letters.append(_dead_letter_row(job, now, error, "lease_expired"))
+                meta.update(_follow_ups(db, job, State.DEAD_LETTER, now, error=error))
             events.append(
                 _event(
                     job.id, EventType.RECOVERED, now,
                     from_state=State.LEASED, to_state=to, attempt=job.attempts, worker=job.lease_owner,
-                    message=error["message"], metadata={"error": error},
+                    message=error["message"], metadata=meta,
                 )
             )
             out.append((job.id, to))
@@ -496,7 +569,11 @@ def cancel(job_id, *, actor="", reason="", using=None):
             job.id, EventType.CANCELLED, now,
             from_state=job.state, to_state=State.CANCELLED, attempt=job.attempts, worker=actor,
             message=reason,
-            metadata={"idempotency_key": job.idempotency_key, "lease_owner": job.lease_owner},
+            metadata={
+                "idempotency_key": job.idempotency_key,
+                "lease_owner": job.lease_owner,
+                **webhooks.notify(job, State.CANCELLED, now, using=db),
+            },
         ).save(using=db)
     job.refresh_from_db(using=db)
     return job

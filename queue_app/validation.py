@@ -33,7 +33,13 @@ ENQUEUE_FIELDS = (
     "max_attempts",
     "idempotency_key",
     "timeout",
+    "unique_for",
+    "on_success",
+    "on_failure",
+    "webhook_url",
 )
+# A follow-up template is stored as JSON until its parent finishes: no datetimes.
+TEMPLATE_FIELDS = tuple(f for f in ENQUEUE_FIELDS if f != "run_at")
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,14 @@ class EnqueueRequest:
     max_attempts: int
     idempotency_key: str | None
     timeout: float | None
+    # Seconds the idempotency key dedupes for; None: for as long as the job exists.
+    unique_for: float | None = None
+    # Follow-up job templates (chaining.py) and the outcome's webhook (webhooks.py).
+    on_success: dict | None = None
+    on_failure: dict | None = None
+    webhook_url: str | None = None
+    # Set by chaining for a follow-up job, never by callers.
+    parent_id: int | None = None
 
 
 def _is_int(value):
@@ -136,6 +150,27 @@ def idempotency_key(value):
     return value
 
 
+def template(value, field, now):
+    """A follow-up job as a JSON dict: kind, payload (a dict), enqueue options."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or "kind" not in value:
+        raise InvalidJob(f"{field} must be a dict with a kind (and payload, options)", field)
+    spec = dict(value)
+    kind = spec.pop("kind")
+    body = spec.pop("payload", None)
+    if body is not None and not isinstance(body, dict):
+        raise InvalidJob(f"{field}.payload must be a dict: the parent's outcome is added under 'parent'", field)
+    unknown = sorted(set(spec) - set(TEMPLATE_FIELDS))
+    if unknown:
+        raise InvalidJob(f"{field}: unknown field(s) {', '.join(unknown)}; allowed: kind, payload, {', '.join(TEMPLATE_FIELDS)}", field)
+    try:
+        enqueue_request(kind, body, now=now, **spec)
+    except InvalidJob as exc:
+        raise InvalidJob(f"{field}: {exc}", field) from None
+    return payload(value, field)
+
+
 def enqueue_request(kind, payload_value=None, /, now=None, **options):
     """Validate enqueue() arguments and return an EnqueueRequest."""
     unknown = sorted(set(options) - set(ENQUEUE_FIELDS))
@@ -163,6 +198,16 @@ def enqueue_request(kind, payload_value=None, /, now=None, **options):
     if timeout is not None:
         timeout = seconds(timeout, "timeout", maximum=settings.MAX_TIMEOUT_SECONDS)
     attempts = options.get("max_attempts")
+    unique_for = options.get("unique_for")
+    if unique_for is not None:
+        unique_for = seconds(unique_for, "unique_for", maximum=MAX_SCHEDULE_AHEAD.total_seconds())
+        if options.get("idempotency_key") is None:
+            raise InvalidJob("unique_for needs an idempotency_key: it is the key's dedupe window", "unique_for")
+    hook = options.get("webhook_url")
+    if hook is not None:
+        from queue_app import webhooks
+
+        hook = webhooks.check_url(hook)
     return EnqueueRequest(
         kind=name(kind, "kind", KIND_MAX_LENGTH),
         payload=payload({} if payload_value is None else payload_value),
@@ -172,6 +217,10 @@ def enqueue_request(kind, payload_value=None, /, now=None, **options):
         max_attempts=max_attempts(settings.DEFAULT_MAX_ATTEMPTS if attempts is None else attempts),
         idempotency_key=idempotency_key(options.get("idempotency_key")),
         timeout=timeout,
+        unique_for=unique_for,
+        on_success=template(options.get("on_success"), "on_success", now),
+        on_failure=template(options.get("on_failure"), "on_failure", now),
+        webhook_url=hook,
     )
 
 
