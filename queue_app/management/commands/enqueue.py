@@ -1,0 +1,122 @@
+"""manage.py enqueue: put one job on the queue from the command line."""
+
+from queue_app import cli, enqueueing, inspection
+from queue_app.conf import settings
+from queue_app.exceptions import InvalidJob
+
+# Keys the JSON-document form accepts, as the Python API names them.
+DOCUMENT_KEYS = {"kind", "payload", "queue", "queue_name", "priority", "idempotency_key", "max_attempts",
+                 "run_at", "run_after", "timeout"}
+
+
+class Command(cli.QueueCommand):
+    help = (
+        "Enqueue one job and print its id. Give the job as flags, or as one JSON document.\n"
+        "With --idempotency-key, a live job with the same key is returned instead of a new one."
+    )
+    epilog = """examples:
+  manage.py enqueue --kind email --payload '{"to": "user@example.com"}' --priority 20
+  manage.py enqueue --kind report --payload '{"values": [1, 2, 3]}' --run-after 5m --max-attempts 5
+  manage.py enqueue --kind email --payload '{"to": "a@example.com"}' --idempotency-key welcome:42
+  manage.py enqueue --kind email --run-at 2026-12-01T09:00:00Z --queue mail
+  manage.py enqueue '{"kind": "email", "payload": {"to": "user@example.com"}, "priority": 20}'
+  manage.py enqueue --command "echo hi"        # shell job; needs JOBQUEUE["SHELL_JOBS"] = True
+  manage.py enqueue --kind email --payload '{"to": "x@example.com"}' --json
+
+durations: 500ms, 30s, 5m, 1h, 7d or plain seconds. Exit status 2 on bad input (nothing is written)."""
+
+    def add_arguments(self, parser):
+        parser.add_argument("document", nargs="?", metavar="JSON",
+                            help="The whole job as a JSON object: kind, payload and any option below "
+                                 "(queue, priority, idempotency_key, max_attempts, run_at, run_after, timeout).")
+        parser.add_argument("--kind", help="Handler that runs the job, e.g. email.")
+        parser.add_argument("--payload", metavar="JSON", help="The job's JSON payload (default {}).")
+        parser.add_argument("--command", metavar="SHELL",
+                            help='A shell command, run by the "shell" kind (only when SHELL_JOBS is on).')
+        parser.add_argument("--queue", help=f"Queue name (default {settings.DEFAULT_QUEUE!r}).")
+        parser.add_argument("--priority", type=cli.integer, help="-100..100, higher runs first (default 0).")
+        parser.add_argument("--idempotency-key", metavar="KEY", help="Same key, same job: no duplicate.")
+        parser.add_argument("--max-attempts", type=cli.integer, metavar="N",
+                            help=f"Attempt budget (default {settings.DEFAULT_MAX_ATTEMPTS}).")
+        when = parser.add_mutually_exclusive_group()
+        when.add_argument("--run-at", metavar="RFC3339", help="Earliest start, e.g. 2026-12-01T09:00:00Z.")
+        when.add_argument("--run-after", type=cli.duration, metavar="DURATION", help="Delay, e.g. 30s or 5m.")
+        parser.add_argument("--timeout", type=cli.duration, metavar="DURATION", help="Execution limit, e.g. 2m.")
+        parser.add_argument("--json", action="store_true", help="Print the job as JSON.")
+
+    def handle(self, *args, **o):
+        kind, payload, options = self.request(o)
+        try:
+            job = enqueueing.enqueue(kind, payload, **options)
+        except InvalidJob as exc:
+            raise cli.bad_input(f"{exc}") from None
+        if o["json"]:
+            self.stdout.write(cli.dumps({"created": job.was_created, "job": inspection.job_dict(job)}))
+        elif job.was_created:
+            self.stdout.write(f"enqueued job {job.id} ({job.kind}, queue {job.queue_name}, "
+                              f"priority {job.priority}, run at {cli.when(job.run_at)})")
+        else:
+            self.stdout.write(f"idempotency key {job.idempotency_key!r} matched existing job {job.id} "
+                              f"({job.state}); nothing new enqueued")
+
+    def request(self, o):
+        """Turn flags or the JSON document into enqueue() arguments; refuse bad input."""
+        flags = {k: o[k] for k in ("kind", "payload", "command", "queue", "priority", "idempotency_key",
+                                    "max_attempts", "run_at", "run_after", "timeout") if o[k] is not None}
+        if o["document"] is not None:
+            if flags:
+                raise cli.bad_input(f"give the job as a JSON document or as flags, not both "
+                                    f"(got --{next(iter(flags)).replace('_', '-')})")
+            return self.from_document(o["document"])
+        if o["command"] is not None:
+            if o["kind"] or o["payload"]:
+                raise cli.bad_input("--command makes a shell job; leave out --kind and --payload")
+            if not settings.SHELL_JOBS:
+                raise cli.bad_input('shell jobs are disabled: set JOBQUEUE["SHELL_JOBS"] = True '
+                                    '(JOBQUEUE_SHELL_JOBS=1 in the example project) to allow --command')
+            if not o["command"].strip():
+                raise cli.bad_input("--command is empty")
+            kind, payload = "shell", {"command": o["command"]}
+        else:
+            if not o["kind"]:
+                raise cli.bad_input("say what to run: --kind KIND [--payload JSON], a JSON document, "
+                                    "or --command (see --help)")
+            kind = o["kind"]
+            payload = cli.json_value(o["payload"]) if o["payload"] is not None else {}
+        options = {
+            "queue_name": o["queue"],
+            "priority": o["priority"],
+            "idempotency_key": o["idempotency_key"],
+            "max_attempts": o["max_attempts"],
+            "run_at": cli.timestamp(o["run_at"]) if o["run_at"] else None,
+            "run_after": o["run_after"],
+            "timeout": o["timeout"],
+        }
+        return kind, payload, {k: v for k, v in options.items() if v is not None}
+
+    def from_document(self, text):
+        doc = cli.json_value(text, "the job document")
+        if not isinstance(doc, dict):
+            raise cli.bad_input("the job document must be a JSON object with at least \"kind\"")
+        unknown = sorted(set(doc) - DOCUMENT_KEYS)
+        if unknown:
+            raise cli.bad_input(f"unknown key(s) in the job document: {', '.join(unknown)}; "
+                                f"allowed: {', '.join(sorted(DOCUMENT_KEYS))}")
+        doc = dict(doc)
+        kind = doc.pop("kind", None)
+        if not kind:
+            raise cli.bad_input('the job document needs "kind"')
+        payload = doc.pop("payload", {})
+        if "queue" in doc:
+            if "queue_name" in doc:
+                raise cli.bad_input('give "queue" or "queue_name", not both')
+            doc["queue_name"] = doc.pop("queue")
+        if isinstance(doc.get("run_at"), str):
+            doc["run_at"] = cli.timestamp(doc["run_at"], '"run_at"')
+        for key in ("run_after", "timeout"):
+            if isinstance(doc.get(key), str):
+                try:
+                    doc[key] = cli.durations.parse(doc[key])
+                except ValueError as exc:
+                    raise cli.bad_input(f'"{key}": {exc}') from None
+        return kind, payload, {k: v for k, v in doc.items() if v is not None}

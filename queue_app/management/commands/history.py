@@ -1,0 +1,53 @@
+"""manage.py history: a job and its whole event timeline."""
+from queue_app import cli, inspection
+from queue_app.exceptions import JobNotFound
+
+
+class Command(cli.QueueCommand):
+    help = "Show one job, its event timeline, and each attempt's outcome with its result or error."
+    epilog = """examples:
+  manage.py history 42
+  manage.py history 42 --json | jq '.attempts[].error.message'
+
+--json prints one object: job {...}, events [...] (oldest first), attempts [{attempt,
+worker, started_at, finished_at, seconds, outcome, result, error {type, message,
+traceback}}], dead_letters [...]. Exit status 2 if the job does not exist."""
+
+    def add_arguments(self, parser):
+        parser.add_argument("job_id", type=cli.job_id, metavar="ID", help="The job's id.")
+        parser.add_argument("--json", action="store_true", help="Print JSON.")
+
+    def handle(self, *args, **o):
+        try:
+            data = inspection.history(o["job_id"])
+        except JobNotFound as exc:
+            raise cli.bad_input(str(exc)) from None
+        if o["json"]:
+            self.stdout.write(cli.dumps(data))
+            return
+        console = self.console()
+        j = data["job"]
+        console.print(f"[bold]job {j['id']}[/bold]: {j['kind']} on queue {j['queue']}, {j['status']}, "
+                      f"priority {j['priority']}, attempts {j['attempts']}/{j['max_attempts']}")
+        console.print(f"payload: {cli.compact(j['payload'])}", markup=False)
+        if j["idempotency_key"]:
+            console.print(f"idempotency key: {j['idempotency_key']}", markup=False)
+        console.print(f"created {cli.when(j['created_at'])}, run at {cli.when(j['run_at'])}, "
+                      f"finished {cli.when(j['finished_at'])}")
+        if j["state"] == "completed":
+            console.print(f"result: {cli.compact(j['result'])}", markup=False)
+        t = cli.table("AT", "EVENT", "TRY", "FROM", "TO", "WORKER", "MESSAGE", title="Timeline")
+        for e in data["events"]:
+            t.add_row(cli.when(e["at"]), e["type"], str(e["attempt"]), e["from_state"], e["to_state"],
+                      e["worker"], e["message"][:80])
+        console.print(t)
+        for a in data["attempts"]:
+            took = f" after {a['seconds']:.3f}s" if a["seconds"] is not None else ""
+            console.print(f"attempt {a['attempt']} on {a['worker']}: {a['outcome']}{took}", markup=False)
+            if a["error"]:
+                console.print(f"  {a['error'].get('type')}: {a['error'].get('message')}", markup=False)
+                trace = (a["error"].get("traceback") or "").rstrip()
+                if trace:
+                    console.print("    " + trace.replace("\n", "\n    "), markup=False, highlight=False)
+            elif a["result"] is not None:
+                console.print(f"  result: {cli.compact(a['result'])}", markup=False)

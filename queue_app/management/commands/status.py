@@ -1,0 +1,37 @@
+"""manage.py status: counts by state, active workers and throughput."""
+from queue_app import cli, inspection
+
+
+class Command(cli.QueueCommand):
+    help = "Show jobs per state, active workers and throughput over the last minute and hour."
+    epilog = """examples:
+  manage.py status
+  manage.py stats --json
+
+--json prints one object: at, states {state: count}, pending {ready, scheduled, retrying,
+oldest_ready_seconds}, workers {running, stopping, lost, jobs_in_hand}, dead_letters_open,
+throughput {last_minute, last_hour: {completed, failed, per_minute}}."""
+
+    def add_arguments(self, parser):
+        parser.add_argument("--json", action="store_true", help="Print JSON.")
+
+    def handle(self, *args, **o):
+        data = inspection.status()
+        if o["json"]:
+            self.stdout.write(cli.dumps(data))
+            return
+        console = self.console()
+        t = cli.table("STATE", "JOBS", title="Jobs by state")
+        for state, n in data["states"].items():
+            t.add_row(state, str(n))
+        console.print(t)
+        p, w = data["pending"], data["workers"]
+        console.print(f"pending: {p['ready']} ready, {p['scheduled']} scheduled, {p['retrying']} retrying; "
+                      f"oldest ready job waited {p['oldest_ready_seconds']:.1f}s")
+        console.print(f"workers: {w['running']} running, {w['stopping']} stopping, {w['lost']} lost; "
+                      f"{w['jobs_in_hand']} jobs in hand")
+        console.print(f"dead letters open: {data['dead_letters_open']}")
+        t = cli.table("WINDOW", "COMPLETED", "FAILED", "PER MINUTE", title="Throughput")
+        for window, row in data["throughput"].items():
+            t.add_row(window.replace("_", " "), str(row["completed"]), str(row["failed"]), f"{row['per_minute']:g}")
+        console.print(t)
