@@ -4,10 +4,9 @@
 setup:
 	@scripts/bootstrap.sh
 
-# The demo runs on a fresh SQLite file each time, so it tells the same story.
+# The demo makes its own throwaway SQLite database each time, so it tells the same story.
 demo: setup
-	@rm -f demo.db
-	@DATABASE_URL=sqlite:///demo.db .venv/bin/python manage.py demo
+	@.venv/bin/python manage.py demo
 
 test: setup
 	@scripts/test.sh
