@@ -17,11 +17,11 @@ from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.security import APIKeyHeader, SessionAuthIsStaff
 from pydantic import ConfigDict
 
-from queue_app import enqueueing, metrics, transitions
+from queue_app import enqueueing, flow, metrics, transitions
 from queue_app.api_auth import Principal, authenticate
 from queue_app.conf import settings
 from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound
-from queue_app.models import DeadLetter, Job, State, Worker
+from queue_app.models import DeadLetter, Job, Pause, State, Worker
 from queue_app.validation import NAME_RE
 
 MAX_ID = 2**63 - 1
@@ -155,6 +155,10 @@ class Refused(Schema):
     field: str | None = None
 
 
+class Duplicate(Refused):
+    job_id: int
+
+
 class JobIn(Schema):
     model_config = ConfigDict(extra="forbid")
 
@@ -167,6 +171,11 @@ class JobIn(Schema):
     max_attempts: int | None = None
     idempotency_key: str | None = None
     timeout: float | None = Field(default=None, description="Seconds one attempt may run.")
+    unique_for: float | None = Field(default=None, description="Seconds the idempotency key dedupes for.")
+    strict: bool = Field(default=False, description="409 instead of 200 when the idempotency key matches a job.")
+    on_success: dict | None = Field(default=None, description="Follow-up job template: kind, payload, options.")
+    on_failure: dict | None = Field(default=None, description="Follow-up job template when it dead-letters.")
+    webhook_url: str | None = Field(default=None, description="POSTed the outcome; host must be allow-listed.")
 
 
 class BulkIn(Schema):
@@ -296,6 +305,7 @@ def _options(job: JobIn):
     for field in ("payload", "idempotency_key", "kind", "queue_name"):
         _text_ok(getattr(job, field), field)
     data = job.model_dump(exclude_unset=True)
+    data.pop("strict", None)
     return data.pop("kind"), data.pop("payload", None), data
 
 
@@ -319,12 +329,16 @@ def _page(qs, before, limit):
 # --- jobs ------------------------------------------------------------------------------------
 
 
-@api.post("/jobs", response={200: JobOut, 201: JobOut, 400: Refused, 403: Refused}, tags=["jobs"])
+@api.post("/jobs", response={200: JobOut, 201: JobOut, 400: Refused, 403: Refused, 409: Duplicate}, tags=["jobs"])
 def create_job(request: HttpRequest, job: JobIn = Body(...)):
-    """Enqueue a job: 201 with the new job, 200 with the existing one on an idempotency-key match."""
+    """Enqueue a job: 201 with the new job, 200 with the existing one on an idempotency-key
+    match (409 naming it when ``strict`` is true)."""
     _need(request, "queue_app.add_job")
     kind, payload, options = _options(job)
     created = enqueueing.enqueue(kind, payload, **options)
+    if job.strict and not created.was_created:
+        message = f"idempotency_key matches job {created.id} ({created.state}); it was not enqueued again"
+        return Status(409, {"error": message, "field": "idempotency_key", "job_id": created.id})
     return Status(201 if created.was_created else 200, created)
 
 
@@ -453,3 +467,46 @@ def replay_dead_letter(request: HttpRequest, letter_id: int = Path(..., ge=1, le
 def list_workers(request: HttpRequest, limit: int | None = Query(None, ge=1, le=10_000)):
     """Registered workers, newest first."""
     return list(Worker.objects.order_by("-started_at", "-id")[: _limit(limit)])
+
+
+# --- flow control: pauses (flow.py) ----------------------------------------------------------
+
+
+class PauseIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+    queue: str | None = None
+    kind: str | None = None
+    reason: str = ""
+
+
+class PauseOut(Schema):
+    scope: str
+    name: str
+    created_at: datetime
+    actor: str
+    reason: str
+
+
+@api.get("/pauses", response=list[PauseOut], tags=["queue"])
+def list_pauses(request: HttpRequest):
+    """Paused queues and kinds: their pending jobs are not leased until resumed."""
+    return list(Pause.objects.all())
+
+
+@api.post("/pauses", response={201: PauseOut, 200: PauseOut, 400: Refused, 403: Refused}, tags=["queue"])
+def create_pause(request: HttpRequest, body: PauseIn):
+    """Pause a queue or a kind cluster-wide (201; 200 if it already was)."""
+    actor = _need(request, "queue_app.change_job")
+    _text_ok(body.reason, "reason")
+    paused, created = flow.pause(queue=body.queue, kind=body.kind, actor=actor, reason=body.reason)
+    return Status(201 if created else 200, paused)
+
+
+@api.delete("/pauses", response={200: dict, 400: Refused, 403: Refused, 404: Refused}, tags=["queue"])
+def delete_pause(request: HttpRequest, queue: str | None = Query(None), kind: str | None = Query(None)):
+    """Resume a paused queue (?queue=) or kind (?kind=); 404 when it was not paused."""
+    _need(request, "queue_app.change_job")
+    if not flow.resume(queue=queue, kind=kind):
+        return Status(404, {"error": f"{'queue' if queue else 'kind'} {queue or kind!r} is not paused", "field": None})
+    return {"resumed": queue or kind}
