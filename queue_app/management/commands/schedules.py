@@ -1,0 +1,28 @@
+from django.core.management.base import BaseCommand, CommandError
+
+from queue_app import scheduling
+from queue_app.exceptions import InvalidJob
+
+
+class Command(BaseCommand):
+    help = "List cron schedules with their next run (--sync first writes the SCHEDULES setting)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--sync", action="store_true", help="Load SCHEDULES from settings first.")
+
+    def handle(self, *args, sync=False, **options):
+        if sync:
+            try:
+                names = scheduling.sync_schedules()
+            except InvalidJob as exc:
+                raise CommandError(str(exc)) from None
+            self.stdout.write(f"synced {len(names)} schedule(s) from settings")
+        rows = scheduling.overview()
+        if not rows:
+            self.stdout.write("no schedules")
+            return
+        self.stdout.write(f"{'name':<24} {'cron':<20} {'kind':<24} {'queue':<12} {'tz':<16} {'last tick':<26} next run")
+        for s, upcoming in rows:
+            nxt = upcoming.isoformat() if upcoming else "disabled" if not s.enabled else "invalid"
+            last = s.last_tick.isoformat() if s.last_tick else "-"
+            self.stdout.write(f"{s.name:<24} {s.cron:<20} {s.kind:<24} {s.queue_name:<12} {s.timezone:<16} {last:<26} {nxt}")

@@ -1,0 +1,52 @@
+"""manage.py pause / resume / limits."""
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from queue_app.models import KindLimit, Pause
+from tests.factories import JobFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def run(*args):
+    out = StringIO()
+    call_command(*args, stdout=out)
+    return out.getvalue()
+
+
+def test_pause_list_and_resume_a_queue():
+    JobFactory.create_batch(2, queue_name="mail")
+    assert "paused queue mail" in run("pause", "--queue", "mail", "--reason", "smtp down")
+    listing = run("pause", "--list")
+    assert "mail" in listing and "2 pending" in listing and "smtp down" in listing
+    assert "resumed queue mail" in run("resume", "--queue", "mail")
+    assert not Pause.objects.exists()
+
+
+def test_resume_of_something_not_paused_fails():
+    with pytest.raises(CommandError, match="not paused"):
+        run("resume", "--kind", "echo")
+
+
+def test_pause_refuses_a_bad_name_and_writes_nothing():
+    with pytest.raises(CommandError):
+        run("pause", "--kind", "no spaces")
+    assert not Pause.objects.exists()
+
+
+def test_limits_set_show_and_clear():
+    out = run("limits", "echo", "--concurrency", "3", "--rate", "10", "--per", "60")
+    assert "0/3 leased" in out and "0/10 per 60s" in out
+    run("limits", "echo", "--concurrency", "off")
+    assert KindLimit.objects.get().concurrency is None
+    assert "cleared echo" in run("limits", "echo", "--clear")
+
+
+def test_limits_refuse_bad_values_and_write_nothing():
+    with pytest.raises(CommandError):
+        run("limits", "echo", "--rate", "-2")
+    with pytest.raises(CommandError, match="give --concurrency"):
+        run("limits", "echo")
+    assert not KindLimit.objects.exists()

@@ -1,0 +1,87 @@
+"""Limits and pauses hold across real processes sharing one database."""
+import threading
+import time
+
+import pytest
+from django.db import connections
+from django.utils import timezone
+
+from queue_app import bulk_enqueue, flow, transitions
+from queue_app.models import Event, Job, State
+from tests import worker_support
+from tests.conftest import run_processes
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+class Sampler:
+    """Count leased jobs of a kind in the database every few milliseconds, on its own connection."""
+
+    def __init__(self, kind):
+        self.kind, self.peak, self.samples = kind, 0, 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        try:
+            while not self.stop.is_set():
+                n = Job.objects.filter(kind=self.kind, state=State.LEASED).count()
+                self.peak, self.samples = max(self.peak, n), self.samples + 1
+                time.sleep(0.005)
+        finally:
+            connections.close_all()
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+
+
+def test_four_worker_processes_never_hold_more_than_the_limit_of_two():
+    flow.set_limit("sleepy", concurrency=2)
+    bulk_enqueue([{"kind": "sleepy", "payload": {"seconds": 0.05}} for _ in range(24)])
+    connections.close_all()
+    with Sampler("sleepy") as sampler:
+        proc = worker_support.start_worker(concurrency=4, max_jobs=24, batch=2, poll=0.01)
+        proc.join(60)
+    assert proc.exitcode == 0
+    assert Job.objects.filter(state=State.COMPLETED).count() == 24
+    assert sampler.samples > 20
+    assert sampler.peak <= 2
+    assert len(set(Event.objects.filter(type="claimed").values_list("worker", flat=True))) > 1
+
+
+def _claim_for(worker_id, seconds):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for job in transitions.claim(worker_id, limit=5):
+            transitions.complete(job.id, worker_id=worker_id, attempt=job.attempts)
+        time.sleep(0.005)
+
+
+def test_a_rate_limit_holds_across_four_processes():
+    rate, period, seconds = 5, 0.5, 2.0
+    flow.set_limit("echo", rate_limit=rate, rate_period=period)
+    bulk_enqueue([{"kind": "echo"} for _ in range(200)])
+    started = timezone.now()
+    assert run_processes(_claim_for, [(f"w{n}", seconds) for n in range(4)]) == [0] * 4
+    claims = sorted(Event.objects.filter(type="claimed").values_list("at", flat=True))
+    # Fixed windows of `period` seconds: at most ceil(elapsed / period) + 1 windows fit.
+    windows = int((claims[-1] - started).total_seconds() / period) + 2
+    assert rate * 2 <= len(claims) <= rate * windows
+    # Any span shorter than a period holds at most two windows' worth.
+    for i, at in enumerate(claims):
+        inside = sum(1 for other in claims[i:] if (other - at).total_seconds() < period)
+        assert inside <= 2 * rate
+
+
+def test_a_paused_queue_stays_pending_while_a_real_worker_drains_the_others():
+    bulk_enqueue([{"kind": "echo", "queue_name": q} for q in ("held", "open") for _ in range(5)])
+    flow.pause(queue="held")
+    assert worker_support.run_worker(within=30, burst=True, concurrency=2) == 0
+    assert Job.objects.filter(queue_name="open", state=State.COMPLETED).count() == 5
+    assert Job.objects.filter(queue_name="held", state=State.PENDING).count() == 5
+    assert not Event.objects.filter(job__queue_name="held", type="claimed").exists()
