@@ -5,6 +5,7 @@ Jobs are never saved from a form: every change is an action that goes through
 action comes twice: for the selected jobs, and for every job matching the current
 filter and search, which runs in batches (see ``operations.apply_many``).
 """
+from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.options import ActionLocation
@@ -15,10 +16,10 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from queue_app import dashboard, operations
+from queue_app import dashboard, operations, scheduling, validation
 from queue_app.conf import settings
 from queue_app.exceptions import InvalidJob
-from queue_app.models import DeadLetter, Event, Job, Worker
+from queue_app.models import DeadLetter, Event, Job, KindLimit, Pause, Schedule, Worker
 
 MATCHING = "_matching"
 
@@ -335,3 +336,102 @@ class WorkerAdmin(admin.ModelAdmin):
     @admin.display(description="heartbeat", ordering="last_heartbeat")
     def heartbeat_age(self, worker):
         return f"{dashboard.age(worker.last_heartbeat, timezone.now())} ago"
+
+
+# --- flow control (flow.py, scheduling.py) ---------------------------------------------------
+
+
+class _ValidatedForm(forms.ModelForm):
+    """Runs the same checks as the Python API, so the admin cannot store what a claim or
+    a tick would refuse."""
+
+    def _check(self, func, *args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except InvalidJob as exc:
+            raise forms.ValidationError({exc.field if exc.field in self.fields else None: str(exc)}) from None
+
+
+class PauseForm(_ValidatedForm):
+    class Meta:
+        model = Pause
+        fields = ["scope", "name", "reason"]
+
+    def clean(self):
+        data = super().clean()
+        if data.get("name"):
+            self._check(validation.name, data["name"], "name", 200)
+        return data
+
+
+@admin.register(Pause)
+class PauseAdmin(admin.ModelAdmin):
+    form = PauseForm
+    list_display = ["scope", "name", "created_at", "actor", "reason"]
+
+    def save_model(self, request, obj, form, change):
+        obj.actor = obj.actor or request.user.get_username()
+        super().save_model(request, obj, form, change)
+
+
+class KindLimitForm(_ValidatedForm):
+    class Meta:
+        model = KindLimit
+        fields = ["kind", "concurrency", "rate_limit", "rate_period"]
+
+    def clean(self):
+        data = super().clean()
+        if data.get("kind"):
+            self._check(validation.name, data["kind"], "kind", 200)
+        if data.get("concurrency") == 0 or data.get("rate_limit") == 0:
+            raise forms.ValidationError("a limit of 0 would stop the kind for good: pause it instead")
+        if data.get("rate_period") is not None:
+            self._check(validation.seconds, data["rate_period"], "rate_period", maximum=366 * 86400)
+        return data
+
+
+@admin.register(KindLimit)
+class KindLimitAdmin(admin.ModelAdmin):
+    form = KindLimitForm
+    list_display = ["kind", "concurrency", "leased_now", "rate_limit", "rate_period", "from_settings", "updated_at"]
+
+    @admin.display(description="leased now")
+    def leased_now(self, obj):
+        return Job.objects.filter(state="leased", kind=obj.kind).count()
+
+    def save_model(self, request, obj, form, change):
+        obj.updated_at = timezone.now()
+        obj.from_settings = False
+        super().save_model(request, obj, form, change)
+
+
+class ScheduleForm(_ValidatedForm):
+    class Meta:
+        model = Schedule
+        fields = ["name", "cron", "kind", "payload", "queue_name", "priority", "timezone", "enabled", "missed_ticks"]
+
+    def clean(self):
+        data = super().clean()
+        if not self.errors:
+            checked = ("name",) + scheduling.SCHEDULE_FIELDS
+            cleaned = self._check(scheduling.validate, **{f: data.get(f) for f in checked})
+            data.update(cleaned)
+        return data
+
+
+@admin.register(Schedule)
+class ScheduleAdmin(admin.ModelAdmin):
+    form = ScheduleForm
+    list_display = ["name", "cron", "kind", "queue_name", "timezone", "enabled", "last_tick", "next_run"]
+    list_filter = ["enabled"]
+    search_fields = ["name", "kind"]
+    readonly_fields = ["last_tick", "from_settings", "created_at"]
+
+    @admin.display(description="next run")
+    def next_run(self, obj):
+        if not obj.enabled:
+            return "disabled"
+        try:
+            return scheduling.next_run(obj)
+        except (InvalidJob, ValueError, KeyError):
+            return "invalid"

@@ -15,7 +15,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from queue_app import dashboard, operations
+from queue_app import dashboard, flow, operations
 from queue_app.conf import settings
 from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound
 
@@ -52,7 +52,7 @@ def _cursor(request):
 
 @_perm("queue_app.view_job")
 def overview(request):
-    return _page(request, "overview.html", {"nav": "overview", **dashboard.overview()})
+    return _page(request, "overview.html", {"nav": "overview", "paused": flow.paused_counts(), **dashboard.overview()})
 
 
 @_perm("queue_app.view_job")
