@@ -2,11 +2,15 @@
 
     .venv/bin/python benchmarks/worker_throughput.py                       # sqlite, postgres, mysql
     .venv/bin/python benchmarks/worker_throughput.py --db sqlite --jobs 20000 --batch 1,100
+    .venv/bin/python benchmarks/worker_throughput.py --latency --poll 1s   # enqueue-to-start
 
 For each database: a fresh database, N no-op jobs bulk-enqueued with the workers
 stopped, then `manage.py runworker --burst` with --concurrency processes. ``jobs_per_s``
 counts from the first claim to the last completion (timestamps in the database), so
 process start-up is left out; ``wall_s`` is the whole command, start-up included.
+With --latency: idle workers (2 processes), 200 single enqueues 20 ms apart, and the
+p50/p95/p99 of started_at - created_at. On PostgreSQL LISTEN/NOTIFY wakes the workers,
+so the poll interval should not show; elsewhere latency is about half the poll.
 """
 import argparse
 import json
@@ -60,7 +64,15 @@ def django_snippet(db, code):
 
 def one(db, jobs, concurrency, batch, threads):
     fresh_database(db)
-    django_snippet(db, f"from queue_app import bulk_enqueue\nbulk_enqueue([{{'kind': 'noop'}}] * {jobs})")
+    django_snippet(db, (
+        f"from queue_app import bulk_enqueue\nbulk_enqueue([{{'kind': 'noop'}}] * {jobs})\n"
+        # Fresh statistics, as autovacuum would soon provide: without them PostgreSQL
+        # plans the claim's final step as a scan of every pending row (see README).
+        "from django.db import connection\n"
+        "if connection.vendor != 'sqlite':\n"
+        "    connection.cursor().execute('ANALYZE ' + ('TABLE ' if connection.vendor == 'mysql' else '')"
+        " + 'queue_app_job')\n"
+    ))
     began = time.perf_counter()
     run(db, [PY, "manage.py", "runworker", "--burst", "--import", "tests.worker_support",
              "--concurrency", str(concurrency), "--threads", str(threads), "--batch", str(batch),
@@ -80,6 +92,39 @@ def one(db, jobs, concurrency, batch, threads):
     }
 
 
+LATENCY = """
+import time
+from queue_app import enqueue
+from queue_app.models import Job, Worker
+while not Worker.objects.filter(state="running").exists():
+    time.sleep(0.05)
+time.sleep(1.0)  # let the children reach their idle wait (LISTEN on PostgreSQL)
+ids = []
+for _ in range({n}):
+    ids.append(enqueue("noop").id)
+    time.sleep(0.02)
+while Job.objects.filter(id__in=ids).exclude(state="completed").exists():
+    time.sleep(0.05)
+lat = sorted((j.started_at - j.created_at).total_seconds() * 1000 for j in Job.objects.filter(id__in=ids))
+pick = lambda q: round(lat[min(len(lat) - 1, int(q * len(lat)))], 2)
+print(json.dumps({{"p50_ms": pick(0.5), "p95_ms": pick(0.95), "p99_ms": pick(0.99)}}))
+"""
+
+
+def latency(db, n, poll):
+    """Enqueue ``n`` jobs 20 ms apart into idle workers; enqueue-to-start percentiles."""
+    fresh_database(db)
+    env = dict(os.environ, DATABASE_URL=URLS[db], JOBQUEUE_LOG_LEVEL="WARNING")
+    proc = subprocess.Popen([PY, "manage.py", "runworker", "--import", "tests.worker_support",
+                             "--concurrency", "2", "--poll", poll], cwd=ROOT, env=env)
+    try:
+        report = json.loads(django_snippet(db, LATENCY.format(n=n)))
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    return {"bench": "worker_latency", "db": db, "jobs": n, "poll": poll, **report}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--db", action="append", choices=sorted(URLS))
@@ -87,7 +132,13 @@ def main():
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--batch", default="1,100", help="comma-separated batch sizes")
+    parser.add_argument("--latency", action="store_true", help="measure enqueue-to-start latency instead")
+    parser.add_argument("--poll", default="1s", help="idle poll interval for --latency")
     args = parser.parse_args()
+    if args.latency:
+        for db in args.db or ["sqlite", "postgres", "mysql"]:
+            print(json.dumps(latency(db, 200, args.poll)), flush=True)
+        return
     for db in args.db or ["sqlite", "postgres", "mysql"]:
         for batch in [int(b) for b in args.batch.split(",")]:
             try:
