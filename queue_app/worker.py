@@ -199,6 +199,7 @@ class Loop:
         self.acks = []
         self.acks_since = 0.0
         self.ack_lock = threading.Lock()
+        self.claim_errors = 0
 
     def run(self):
         """Run until stopped, drained (burst) or out of budget; release what is left."""
@@ -249,8 +250,14 @@ class Loop:
                     return None
                 try:
                     jobs = _claim(self.options, self.owner, limit)
-                except Exception:
-                    log.exception("claim failed worker=%s; retrying after %ss", self.owner, self.options.poll)
+                    self.claim_errors = 0
+                except Exception as exc:
+                    # The traceback once per outage; a line per retry after that.
+                    self.claim_errors += 1
+                    if self.claim_errors == 1:
+                        log.exception("claim failed worker=%s; retrying every %ss", self.owner, self.options.poll)
+                    else:
+                        log.warning("claim failed again worker=%s (%s times): %s", self.owner, self.claim_errors, exc)
                     close_old_connections()
                     connection.close()
                     jobs = []
