@@ -56,10 +56,12 @@ def _timeout_error(job_id, seconds):
     }
 
 
-def _crash_error(how):
+def _crash_error(how, finished=False):
+    what = "that had run the job" if finished else "running the job"
+    tail = " before the job's completion was recorded" if finished else ""
     return {
         "type": "WorkerCrashed",
-        "message": f"the worker process running the job {how}",
+        "message": f"the worker process {what} {how}{tail}",
         "traceback": "",
     }
 
@@ -181,7 +183,9 @@ class Supervisor:
         self.generations[slot] += 1
         gen = self.generations[slot]
         owner = f"{self.options.name}/{slot}.{gen}"
-        slots = Slots(self.options.threads)
+        # Batched acks flush at `batch` pending, so at most batch + threads - 1 wait at once.
+        acks = self.options.batch + self.options.threads if self.options.batch > 1 else 0
+        slots = Slots(self.options.threads, acks)
         # No socket or SQLite handle may be shared across the fork.
         connections.close_all()
         parent = os.getpid()
@@ -202,9 +206,20 @@ class Supervisor:
             log.warning("killing child pid=%s (%s)", child.pid, why)
             self._signal(child, signal.SIGKILL)
         for pid, child in list(self.children.items()):
-            os.waitpid(pid, 0)
+            _, status = os.waitpid(pid, 0)
             self.done_by_gone += child.slots.done
             del self.children[pid]
+            self._settle_unacked(child, _describe(status))
+
+    def _settle_unacked(self, child, how):
+        # Their handlers ran; only the record was lost. Failing them (not releasing)
+        # keeps the attempt counted and the history true: at-least-once, recorded.
+        for job_id, attempt in child.slots.unacked():
+            log.warning("unacknowledged id=%s attempt=%s worker=%s: child %s", job_id, attempt, child.owner, how)
+            self._guard(
+                transitions.fail, job_id, worker_id=child.owner, attempt=attempt,
+                error=_crash_error(how, finished=True),
+            )
 
     def _reap(self):
         while self.children:
@@ -234,6 +249,7 @@ class Supervisor:
                 error = _crash_error(how)
                 log.warning("crashed id=%s attempt=%s worker=%s: child %s", job_id, attempt, child.owner, how)
             self._guard(transitions.fail, job_id, worker_id=child.owner, attempt=attempt, error=error)
+        self._settle_unacked(child, how)
         # Claimed but never started: give them back without spending an attempt.
         for owner, held in self._guard(workers.leased_by, self.options.name, default={}).items():
             if owner != child.owner:

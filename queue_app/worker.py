@@ -113,15 +113,39 @@ class Slots:
 
     Per thread: job id, attempt, start (time.monotonic(), which every process on the
     host shares) and timeout in seconds (0: none). Then two cells for the whole child:
-    a clean-exit flag and the count of jobs it finished. Doubles hold ids exactly up
-    to 2**53.
+    a clean-exit flag and the count of jobs it finished. Then (id, attempt) pairs of
+    jobs that finished but whose batched acknowledgement is not yet committed: if the
+    child dies, the supervisor records those as run-and-lost rather than unstarted.
+    Doubles hold ids exactly up to 2**53.
     """
 
     WIDTH = 4
 
-    def __init__(self, threads):
+    def __init__(self, threads, acks=0):
         self.threads = threads
-        self.cells = RawArray(ctypes.c_double, threads * self.WIDTH + 2)
+        self.ack_base = threads * self.WIDTH + 2
+        self.cells = RawArray(ctypes.c_double, self.ack_base + 2 * acks)
+        self.free_acks = list(range(acks))  # used only by the child, after the fork
+
+    def hold_ack(self, job_id, attempt):
+        """Note a finished, unacknowledged job; return its cell for drop_acks()."""
+        i = self.free_acks.pop()
+        self.cells[self.ack_base + 2 * i + 1] = attempt
+        self.cells[self.ack_base + 2 * i] = job_id
+        return i
+
+    def drop_acks(self, cells):
+        for i in cells:
+            self.cells[self.ack_base + 2 * i] = 0
+            self.free_acks.append(i)
+
+    def unacked(self):
+        """Return [(job_id, attempt)] of finished jobs whose acknowledgement was pending."""
+        out = []
+        for i in range(self.ack_base, len(self.cells), 2):
+            if self.cells[i]:
+                out.append((int(self.cells[i]), int(self.cells[i + 1])))
+        return out
 
     def start(self, i, job_id, attempt, timeout):
         base = i * self.WIDTH
@@ -310,7 +334,8 @@ class Loop:
         with self.ack_lock:
             if not self.acks:
                 self.acks_since = time.monotonic()
-            self.acks.append((job.id, job.attempts, result))
+            cell = self.slots.hold_ack(job.id, job.attempts)
+            self.acks.append((job.id, job.attempts, result, cell))
             due = len(self.acks) >= self.options.batch or time.monotonic() - self.acks_since > ACK_DELAY
         if due:
             self._flush_acks()
@@ -338,11 +363,14 @@ class Loop:
         if not acks:
             return
         try:
-            transitions.complete_many(acks, worker_id=self.owner)
+            transitions.complete_many([a[:3] for a in acks], worker_id=self.owner)
         except Exception:
             # The leases lapse and recovery hands the jobs out again: at-least-once.
             log.exception("could not acknowledge %s jobs worker=%s", len(acks), self.owner)
             connection.close()
+        finally:
+            with self.ack_lock:
+                self.slots.drop_acks([a[3] for a in acks])
 
     def _release_buffer(self):
         self._flush_acks()

@@ -161,6 +161,24 @@ def test_crashed_childs_unstarted_claims_are_released_without_spending_an_attemp
         ]
 
 
+def test_jobs_finished_but_not_yet_acknowledged_when_the_child_dies_are_failed_not_released(settings):
+    settings.JOBQUEUE = lease_settings(BACKOFF_BASE=0.001)
+    done = bulk_enqueue([{"kind": "echo", "priority": 10}] * 3)
+    enqueue("crash", {"code": 9}, max_attempts=1)
+
+    # One claim takes all four; the echoes' batched acks are still pending when it dies.
+    assert run_worker(burst=True, batch=10) == 0
+
+    for job in Job.objects.filter(id__in=[j.id for j in done]):
+        history = events(job)
+        assert job.state == State.COMPLETED
+        assert EventType.RELEASED not in history
+        if EventType.FAILED in history:  # the usual case: acks wait up to 50 ms
+            error = job.events.get(type=EventType.FAILED).metadata["error"]
+            assert error["type"] == "WorkerCrashed"
+            assert "before the job's completion was recorded" in error["message"]
+
+
 @pytest.mark.parametrize("kind", ["spin", "sleepy"])  # a Python busy loop; a C-level sleep
 def test_job_past_its_timeout_is_killed_and_failed_with_a_timeout_error(kind):
     stuck = enqueue(kind, {"seconds": 60}, timeout=0.3, max_attempts=1, priority=10)
