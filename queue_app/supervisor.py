@@ -28,7 +28,8 @@ from django.db import connections
 
 from queue_app import flow, scheduling, transitions, workers
 from queue_app.conf import settings
-from queue_app.worker import Budget, Slots, child_main
+from queue_app.slots import Budget, Slots
+from queue_app.worker import child_main
 
 log = logging.getLogger("queue_app")
 

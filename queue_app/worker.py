@@ -4,10 +4,11 @@
 child processes; each child runs ``Loop`` on ``threads`` threads. ``run_once()`` is the
 same loop body in the calling process, for scripts and tests.
 
-What the supervisor and a child share is a small block of shared memory (``Slots``):
-per thread, the job it is running, its attempt and its deadline. The supervisor reads
-it to kill a child whose job overran, and to know which job a child that died was
-running. Everything else goes through the database.
+What the supervisor and a child share is a small block of shared memory (slots.py):
+per thread, the job it is running, its attempt and its deadline, and the finished jobs
+awaiting a batched acknowledgement. The supervisor reads it to kill a child whose job
+overran, and to settle what a child that died had in hand. Everything else goes
+through the database. How an idle child waits (poll, or LISTEN) is wakeup.py.
 """
 import ctypes
 import logging
@@ -18,13 +19,13 @@ import time
 import traceback
 from collections import deque
 from dataclasses import dataclass, field
-from multiprocessing.sharedctypes import RawArray
 
 from django.db import close_old_connections, connection, connections
 
 from queue_app import execution, transitions, validation
 from queue_app.conf import settings
 from queue_app.exceptions import UnknownKind
+from queue_app.wakeup import Waiter
 
 log = logging.getLogger("queue_app")
 
@@ -106,106 +107,6 @@ def _claim(options, owner, limit):
         lease_seconds=options.lease,
         aging=options.aging,
     )
-
-
-class Slots:
-    """Shared memory between the supervisor and one child, created before the fork.
-
-    Per thread: job id, attempt, start (time.monotonic(), which every process on the
-    host shares) and timeout in seconds (0: none). Then two cells for the whole child:
-    a clean-exit flag and the count of jobs it finished. Then (id, attempt) pairs of
-    jobs that finished but whose batched acknowledgement is not yet committed: if the
-    child dies, the supervisor records those as run-and-lost rather than unstarted.
-    Doubles hold ids exactly up to 2**53.
-    """
-
-    WIDTH = 4
-
-    def __init__(self, threads, acks=0):
-        self.threads = threads
-        self.ack_base = threads * self.WIDTH + 2
-        self.cells = RawArray(ctypes.c_double, self.ack_base + 2 * acks)
-        self.free_acks = list(range(acks))  # used only by the child, after the fork
-
-    def hold_ack(self, job_id, attempt):
-        """Note a finished, unacknowledged job; return its cell for drop_acks()."""
-        i = self.free_acks.pop()
-        self.cells[self.ack_base + 2 * i + 1] = attempt
-        self.cells[self.ack_base + 2 * i] = job_id
-        return i
-
-    def drop_acks(self, cells):
-        for i in cells:
-            self.cells[self.ack_base + 2 * i] = 0
-            self.free_acks.append(i)
-
-    def unacked(self):
-        """Return [(job_id, attempt)] of finished jobs whose acknowledgement was pending."""
-        out = []
-        for i in range(self.ack_base, len(self.cells), 2):
-            if self.cells[i]:
-                out.append((int(self.cells[i]), int(self.cells[i + 1])))
-        return out
-
-    def start(self, i, job_id, attempt, timeout):
-        base = i * self.WIDTH
-        # The id last: a reader that sees the id sees the rest.
-        self.cells[base + 1] = attempt
-        self.cells[base + 2] = time.monotonic()
-        self.cells[base + 3] = timeout or 0.0
-        self.cells[base] = job_id
-
-    def clear(self, i):
-        self.cells[i * self.WIDTH] = 0
-
-    def running(self):
-        """Return [(job_id, attempt, started, timeout)] for the threads running a job."""
-        out = []
-        for i in range(self.threads):
-            base = i * self.WIDTH
-            job_id = int(self.cells[base])
-            if job_id:
-                out.append((job_id, int(self.cells[base + 1]), self.cells[base + 2], self.cells[base + 3]))
-        return out
-
-    @property
-    def clean(self):
-        return self.cells[self.threads * self.WIDTH] == 1
-
-    def mark_clean(self):
-        self.cells[self.threads * self.WIDTH] = 1
-
-    @property
-    def done(self):
-        return int(self.cells[self.threads * self.WIDTH + 1])
-
-    def add_done(self, n=1):
-        self.cells[self.threads * self.WIDTH + 1] += n
-
-
-class Budget:
-    """Jobs all children may still claim under --max-jobs (None: no limit)."""
-
-    def __init__(self, ctx, max_jobs):
-        self.max_jobs = max_jobs
-        self.claimed = ctx.Value(ctypes.c_longlong, 0)
-
-    def take(self, want):
-        if self.max_jobs is None:
-            return want
-        with self.claimed.get_lock():
-            n = max(0, min(want, self.max_jobs - self.claimed.value))
-            self.claimed.value += n
-            return n
-
-    def give_back(self, n):
-        if self.max_jobs is not None and n:
-            with self.claimed.get_lock():
-                self.claimed.value -= n
-
-    @property
-    def spent(self):
-        return self.max_jobs is not None and self.claimed.value >= self.max_jobs
 
 
 class Loop:
@@ -381,53 +282,6 @@ class Loop:
             except Exception:
                 log.exception("could not release id=%s; its lease will lapse", job.id)
         connection.close()
-
-
-class Waiter:
-    """How an idle child waits: sleep for the poll interval, or on PostgreSQL until an
-    enqueue NOTIFYs the channel (whichever comes first)."""
-
-    @staticmethod
-    def for_connection(options):
-        channel = settings.NOTIFY_CHANNEL
-        if connection.vendor == "postgresql" and channel and not options.burst:
-            try:
-                return PgWaiter(channel)
-            except Exception:
-                log.exception("LISTEN failed; falling back to polling")
-        return Waiter()
-
-    def wait(self, seconds, stopping):
-        stopping.wait(seconds)
-
-    def close(self):
-        pass
-
-
-class PgWaiter(Waiter):
-    def __init__(self, channel):
-        import psycopg
-
-        params = connection.get_connection_params()
-        params.pop("cursor_factory", None)
-        self.conn = psycopg.Connection.connect(**params, autocommit=True)
-        self.conn.execute(f'LISTEN "{channel}"')
-
-    def wait(self, seconds, stopping):
-        # Short slices so a stop request is seen within a fraction of a second.
-        end = time.monotonic() + seconds
-        while not stopping.is_set():
-            left = end - time.monotonic()
-            if left <= 0:
-                return
-            for _ in self.conn.notifies(timeout=min(left, 0.25), stop_after=1):
-                return
-
-    def close(self):
-        try:
-            self.conn.close()
-        except Exception:
-            pass
 
 
 def child_main(options, owner, slots, budget, parent_pid):

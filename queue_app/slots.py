@@ -1,0 +1,106 @@
+"""Memory a runworker supervisor shares with its forked children (created before the
+fork): what each child is running, which finished jobs await their batched
+acknowledgement, and the --max-jobs budget."""
+import ctypes
+import time
+from multiprocessing.sharedctypes import RawArray
+
+
+class Slots:
+    """Shared memory between the supervisor and one child, created before the fork.
+
+    Per thread: job id, attempt, start (time.monotonic(), which every process on the
+    host shares) and timeout in seconds (0: none). Then two cells for the whole child:
+    a clean-exit flag and the count of jobs it finished. Then (id, attempt) pairs of
+    jobs that finished but whose batched acknowledgement is not yet committed: if the
+    child dies, the supervisor records those as run-and-lost rather than unstarted.
+    Doubles hold ids exactly up to 2**53.
+    """
+
+    WIDTH = 4
+
+    def __init__(self, threads, acks=0):
+        self.threads = threads
+        self.ack_base = threads * self.WIDTH + 2
+        self.cells = RawArray(ctypes.c_double, self.ack_base + 2 * acks)
+        self.free_acks = list(range(acks))  # used only by the child, after the fork
+
+    def hold_ack(self, job_id, attempt):
+        """Note a finished, unacknowledged job; return its cell for drop_acks()."""
+        i = self.free_acks.pop()
+        self.cells[self.ack_base + 2 * i + 1] = attempt
+        self.cells[self.ack_base + 2 * i] = job_id
+        return i
+
+    def drop_acks(self, cells):
+        for i in cells:
+            self.cells[self.ack_base + 2 * i] = 0
+            self.free_acks.append(i)
+
+    def unacked(self):
+        """Return [(job_id, attempt)] of finished jobs whose acknowledgement was pending."""
+        out = []
+        for i in range(self.ack_base, len(self.cells), 2):
+            if self.cells[i]:
+                out.append((int(self.cells[i]), int(self.cells[i + 1])))
+        return out
+
+    def start(self, i, job_id, attempt, timeout):
+        base = i * self.WIDTH
+        # The id last: a reader that sees the id sees the rest.
+        self.cells[base + 1] = attempt
+        self.cells[base + 2] = time.monotonic()
+        self.cells[base + 3] = timeout or 0.0
+        self.cells[base] = job_id
+
+    def clear(self, i):
+        self.cells[i * self.WIDTH] = 0
+
+    def running(self):
+        """Return [(job_id, attempt, started, timeout)] for the threads running a job."""
+        out = []
+        for i in range(self.threads):
+            base = i * self.WIDTH
+            job_id = int(self.cells[base])
+            if job_id:
+                out.append((job_id, int(self.cells[base + 1]), self.cells[base + 2], self.cells[base + 3]))
+        return out
+
+    @property
+    def clean(self):
+        return self.cells[self.threads * self.WIDTH] == 1
+
+    def mark_clean(self):
+        self.cells[self.threads * self.WIDTH] = 1
+
+    @property
+    def done(self):
+        return int(self.cells[self.threads * self.WIDTH + 1])
+
+    def add_done(self, n=1):
+        self.cells[self.threads * self.WIDTH + 1] += n
+
+
+class Budget:
+    """Jobs all children may still claim under --max-jobs (None: no limit)."""
+
+    def __init__(self, ctx, max_jobs):
+        self.max_jobs = max_jobs
+        self.claimed = ctx.Value(ctypes.c_longlong, 0)
+
+    def take(self, want):
+        if self.max_jobs is None:
+            return want
+        with self.claimed.get_lock():
+            n = max(0, min(want, self.max_jobs - self.claimed.value))
+            self.claimed.value += n
+            return n
+
+    def give_back(self, n):
+        if self.max_jobs is not None and n:
+            with self.claimed.get_lock():
+                self.claimed.value -= n
+
+    @property
+    def spent(self):
+        return self.max_jobs is not None and self.claimed.value >= self.max_jobs
