@@ -18,7 +18,7 @@ import threading
 import time
 import traceback
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from django.db import close_old_connections, connection, connections
 
@@ -53,7 +53,6 @@ class Options:
     max_runtime: float = None
     burst: bool = False
     name: str = None
-    extra: dict = field(default_factory=dict)
 
     def resolved(self):
         """Return a copy with every unset knob filled from settings."""
@@ -79,7 +78,6 @@ class Options:
             max_runtime=self.max_runtime,
             burst=self.burst,
             name=self.name or execution.default_worker_id(),
-            extra=dict(self.extra),
         )
 
 
