@@ -323,6 +323,15 @@ def test_max_jobs_stops_the_worker_after_that_many_jobs():
     assert Job.objects.pending().filter(attempts=0).count() == 6
 
 
+def test_max_runtime_stops_an_idle_worker_gracefully():
+    began = time.monotonic()
+
+    assert run_worker(max_runtime=0.5, within=10) == 0
+
+    assert 0.5 <= time.monotonic() - began < 8
+    assert Worker.objects.get().state == WorkerState.STOPPED
+
+
 def test_expired_leases_are_recovered_when_a_worker_starts():
     job = enqueue("echo", {"x": 1})
     Job.objects.filter(id=job.id).update(
