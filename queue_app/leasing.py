@@ -115,7 +115,9 @@ def _claim_postgresql(connection, owner, limit, scan, now, expires, queues, kind
     ),
     picked AS MATERIALIZED (
         SELECT j.id FROM {TABLE} j
-        WHERE j.id IN (SELECT id FROM candidates) AND j.state = 'pending'
+        -- = ANY(ARRAY(...)) keeps this a primary-key probe per candidate; with IN (SELECT ...)
+        -- the planner may hash-join the candidates against every pending row.
+        WHERE j.id = ANY(ARRAY(SELECT id FROM candidates)) AND j.state = 'pending'
         ORDER BY {eff} DESC, j.run_at, j.created_at, j.id
         LIMIT %s
         FOR UPDATE SKIP LOCKED
