@@ -109,6 +109,10 @@ class Job(models.Model):
         on_delete=models.DO_NOTHING, db_constraint=False,
     )
     webhook_url = models.CharField(max_length=2000, null=True, blank=True)
+    # Per-job retry backoff; empty means the JOBQUEUE BACKOFF_* settings (conf.py).
+    backoff_base = models.FloatField(null=True, blank=True, help_text="Empty for the default.")
+    backoff_max = models.FloatField(null=True, blank=True, help_text="Seconds; empty for the default.")
+    backoff_jitter = models.BooleanField(null=True, blank=True, help_text="Empty for the default.")
 
     objects = JobQuerySet.as_manager()
 
