@@ -74,6 +74,9 @@ def _new_job(req, now):
         on_failure=req.on_failure,
         webhook_url=req.webhook_url,
         parent_id=req.parent_id,
+        backoff_base=req.backoff_base,
+        backoff_max=req.backoff_max,
+        backoff_jitter=req.backoff_jitter,
     )
 
 
@@ -376,6 +379,11 @@ def _dead_letter_row(job, now, error, reason):
     )
 
 
+def _or(value, default):
+    """A job's own setting, or the default when the row leaves it empty."""
+    return default if value is None else value
+
+
 def fail(job_id, *, worker_id, attempt, error, retry=True, retry_delay=None, using=None):
     """Record a failed attempt: back to pending with backoff, or to dead_letter when the
     budget is spent (or ``retry`` is False). Return the new state, or None if this worker
@@ -392,9 +400,9 @@ def fail(job_id, *, worker_id, attempt, error, retry=True, retry_delay=None, usi
         if retry and job.attempts < job.max_attempts:
             seconds = retry_delay if retry_delay is not None else backoff.delay(
                 job.attempts,
-                base=settings.BACKOFF_BASE,
-                cap=settings.BACKOFF_MAX_SECONDS,
-                jitter=settings.BACKOFF_JITTER,
+                base=_or(job.backoff_base, settings.BACKOFF_BASE),
+                cap=_or(job.backoff_max, settings.BACKOFF_MAX_SECONDS),
+                jitter=_or(job.backoff_jitter, settings.BACKOFF_JITTER),
             )
             run_at = now + timedelta(seconds=seconds)
             Job.objects.using(db).filter(id=job.id).update(

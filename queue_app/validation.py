@@ -24,6 +24,10 @@ from queue_app.models import (
 NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:\-]*$")
 # Farther than this is a typo, not a schedule.
 MAX_SCHEDULE_AHEAD = timedelta(days=3650)
+# Per-job backoff bounds: a base above 100 reaches any cap within a few attempts, and a
+# retry parked for more than a week is a lost job, not a backoff.
+BACKOFF_BASE_RANGE = (1, 100)
+MAX_BACKOFF_SECONDS = 7 * 24 * 3600
 
 ENQUEUE_FIELDS = (
     "queue_name",
@@ -37,6 +41,9 @@ ENQUEUE_FIELDS = (
     "on_success",
     "on_failure",
     "webhook_url",
+    "backoff_base",
+    "backoff_max",
+    "backoff_jitter",
 )
 # A follow-up template is stored as JSON until its parent finishes: no datetimes.
 TEMPLATE_FIELDS = tuple(f for f in ENQUEUE_FIELDS if f != "run_at")
@@ -60,6 +67,10 @@ class EnqueueRequest:
     on_success: dict | None = None
     on_failure: dict | None = None
     webhook_url: str | None = None
+    # Per-job retry backoff; None: the BACKOFF_* settings (conf.py).
+    backoff_base: float | None = None
+    backoff_max: float | None = None
+    backoff_jitter: bool | None = None
     # Set by chaining for a follow-up job, never by callers.
     parent_id: int | None = None
 
@@ -125,6 +136,31 @@ def seconds(value, field, *, maximum, allow_zero=False):
     if value > maximum:
         raise InvalidJob(f"{field} {value}s is more than the limit of {maximum:.0f}s", field)
     return float(value)
+
+
+def backoff_base(value):
+    """The per-job retry base: the delay after attempt n is base ** n seconds."""
+    if value is None:
+        return None
+    low, high = BACKOFF_BASE_RANGE
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
+        raise InvalidJob(f"backoff_base must be a number, got {value!r}", "backoff_base")
+    if not low <= value <= high:
+        raise InvalidJob(f"backoff_base {value} is out of range {low}..{high}", "backoff_base")
+    return float(value)
+
+
+def backoff_max(value):
+    """The per-job cap on one retry delay, in seconds (or a timedelta)."""
+    if value is None:
+        return None
+    return seconds(value, "backoff_max", maximum=MAX_BACKOFF_SECONDS)
+
+
+def backoff_jitter(value):
+    if value is None or isinstance(value, bool):
+        return value
+    raise InvalidJob(f"backoff_jitter must be true or false, got {value!r}", "backoff_jitter")
 
 
 def run_at(value, now):
@@ -221,6 +257,9 @@ def enqueue_request(kind, payload_value=None, /, now=None, **options):
         on_success=template(options.get("on_success"), "on_success", now),
         on_failure=template(options.get("on_failure"), "on_failure", now),
         webhook_url=hook,
+        backoff_base=backoff_base(options.get("backoff_base")),
+        backoff_max=backoff_max(options.get("backoff_max")),
+        backoff_jitter=backoff_jitter(options.get("backoff_jitter")),
     )
 
 
