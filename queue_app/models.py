@@ -45,6 +45,9 @@ class EventType(models.TextChoices):
     PAYLOAD_CHANGED = "payload_changed"
     # A worker gave back a claimed job it did not start (shutdown); no attempt consumed.
     RELEASED = "released"
+    # An operator asked a running job to stop (cancel_requested_at set); it stays leased
+    # until its handler returns or, after the abort grace, its process is killed.
+    ABORT_REQUESTED = "abort_requested"
 
 
 class JobQuerySet(models.QuerySet):
@@ -113,6 +116,13 @@ class Job(models.Model):
     backoff_base = models.FloatField(null=True, blank=True, help_text="Empty for the default.")
     backoff_max = models.FloatField(null=True, blank=True, help_text="Seconds; empty for the default.")
     backoff_jitter = models.BooleanField(null=True, blank=True, help_text="Empty for the default.")
+    # Abort and progress (aborting.py, running.py). cancel_requested_at means something
+    # only while leased: the worker running the job stops it. Progress and metadata are
+    # what the handler last reported, written without an event (not transitions).
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    progress = models.FloatField(null=True, blank=True, help_text="0-100, as the handler last reported.")
+    progress_message = models.CharField(max_length=500, null=True, blank=True)
+    metadata = models.JSONField(null=True, blank=True)
 
     objects = JobQuerySet.as_manager()
 
