@@ -39,6 +39,12 @@ DEFAULTS = {
     # `manage.py enqueue --command "..."` and the sample "shell" kind run shell commands
     # on the workers: off unless a project turns it on.
     "SHELL_JOBS": False,
+    # A string command is split with shlex and run without a shell; True runs it with
+    # /bin/sh -c instead (pipes, redirections, $VARS: and whatever else a payload says).
+    "SHELL_JOBS_USE_SHELL": False,
+    # What a handler prints or logs while it runs (and a shell job's output) is kept
+    # with the attempt's event: the last this-many bytes of each stream; 0 disables.
+    "OUTPUT_MAX_BYTES": 64 * 1024,
     # `manage.py prune`: jobs deleted (with their events) per transaction.
     "PRUNE_BATCH_SIZE": 1000,
     # runworker: processes, threads per process and jobs leased per claim.
@@ -55,6 +61,14 @@ DEFAULTS = {
     "RECOVERY_INTERVAL": 15.0,
     # Seconds a stopping worker lets claimed jobs finish before releasing them.
     "GRACE_SECONDS": 30.0,
+    # Abort (aborting.py): seconds between a supervisor's looks for abort requests on the
+    # jobs its children run, and seconds a handler has to stop on its own before its
+    # process is killed (and replaced) and the job cancelled.
+    "ABORT_CHECK_INTERVAL": 1.0,
+    "ABORT_GRACE_SECONDS": 10.0,
+    # Progress (running.py): a handler's progress/metadata is written at most once per
+    # this many seconds; the latest value is always written when the handler ends.
+    "PROGRESS_INTERVAL": 1.0,
     # PostgreSQL channel that enqueue NOTIFYs and idle workers LISTEN on; None disables.
     "NOTIFY_CHANNEL": "jobqueue",
     # /metrics: with a token set, a scrape must send "Authorization: Bearer <token>" (or
