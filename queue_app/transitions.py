@@ -9,9 +9,13 @@ job and appends exactly one Event row. Nothing else writes Job.state, Event or D
     fail              leased*              pending (retry)         failed
                       leased*              dead_letter             dead_lettered
     release           leased*              pending                 released   (not started; attempt given back)
+                      (abort requested: as abort, to cancelled)
     recover           leased, expired      pending | dead_letter   recovered
+                                           cancelled (abort requested)
     requeue           dead_letter|cancelled pending                requeued
     cancel            pending | leased     cancelled              cancelled
+    request_abort     leased               leased (cancel_requested_at set)  abort_requested
+    abort             leased* (requested)  cancelled              cancelled  (handler stopped or was killed)
     retry_now         pending              pending (run_at=now)    rescheduled
     change_priority   pending|dead_letter  (same)                  priority_changed
     change_payload    pending|dead_letter  (same)                  payload_changed
@@ -275,8 +279,10 @@ def _lost(job_id, worker_id, attempt, action):
     )
 
 
-def complete(job_id, *, worker_id, attempt, result=None, using=None):
-    """Mark a leased job completed; return False if this worker no longer holds it."""
+def complete(job_id, *, worker_id, attempt, result=None, output=None, using=None):
+    """Mark a leased job completed; return False if this worker no longer holds it.
+
+    ``output`` is what the handler printed (capture.py), kept in the event."""
     result = validation.payload(result, "result")
     db = _db(using)
     now = timezone.now()
@@ -295,7 +301,7 @@ def complete(job_id, *, worker_id, attempt, result=None, using=None):
         _event(
             job_id, EventType.COMPLETED, now,
             from_state=State.LEASED, to_state=State.COMPLETED, attempt=attempt, worker=worker_id,
-            metadata=_follow_ups(db, job, State.COMPLETED, now, result=result),
+            metadata=_with_output(_follow_ups(db, job, State.COMPLETED, now, result=result), output),
         ).save(using=db)
     return True
 
@@ -309,10 +315,12 @@ _HAS_FOLLOW_UP = ExpressionWrapper(
 def complete_many(done, *, worker_id, using=None):
     """Mark many leased jobs completed in one transaction (batched acks).
 
-    ``done`` is [(job_id, attempt, result)] for handlers that have returned. Return the
-    ids completed; the others were no longer this worker's (and are logged as lost).
+    ``done`` is [(job_id, attempt, result)] for handlers that have returned, or
+    [(job_id, attempt, result, output)] with what each printed. Return the ids completed;
+    the others were no longer this worker's (and are logged as lost).
     """
-    done = [(job_id, attempt, validation.payload(result, "result")) for job_id, attempt, result in done]
+    outputs = {d[0]: d[3] for d in done if len(d) > 3 and d[3]}
+    done = [(job_id, attempt, validation.payload(result, "result")) for job_id, attempt, result, *_ in done]
     if not done:
         return set()
     db = _db(using)
@@ -350,7 +358,7 @@ def complete_many(done, *, worker_id, using=None):
                 _event(
                     job_id, EventType.COMPLETED, now,
                     from_state=State.LEASED, to_state=State.COMPLETED, attempt=attempt, worker=worker_id,
-                    metadata=meta.get(job_id),
+                    metadata=_with_output(meta.get(job_id), outputs.get(job_id)),
                 )
                 for job_id, attempt, _ in done
                 if job_id in held
@@ -360,6 +368,11 @@ def complete_many(done, *, worker_id, using=None):
         if job_id not in held:
             _lost(job_id, worker_id, attempt, "complete")
     return held
+
+
+def _with_output(metadata, output):
+    """An attempt's terminal event metadata, plus what its handler printed if anything."""
+    return {**(metadata or {}), "output": output} if output else metadata
 
 
 def error_info(exc, tb_text=""):
@@ -384,10 +397,10 @@ def _or(value, default):
     return default if value is None else value
 
 
-def fail(job_id, *, worker_id, attempt, error, retry=True, retry_delay=None, using=None):
+def fail(job_id, *, worker_id, attempt, error, retry=True, retry_delay=None, output=None, using=None):
     """Record a failed attempt: back to pending with backoff, or to dead_letter when the
     budget is spent (or ``retry`` is False). Return the new state, or None if this worker
-    no longer holds the job."""
+    no longer holds the job. ``output`` is what the handler printed (capture.py)."""
     db = _db(using)
     now = timezone.now()
     error = validation.payload(error, "error")
@@ -412,7 +425,8 @@ def fail(job_id, *, worker_id, attempt, error, retry=True, retry_delay=None, usi
             _event(
                 job.id, EventType.FAILED, now,
                 from_state=State.LEASED, to_state=State.PENDING, attempt=attempt, worker=worker_id,
-                message=message, metadata={"error": error, "retry_at": run_at.isoformat(), "delay": seconds},
+                message=message,
+                metadata=_with_output({"error": error, "retry_at": run_at.isoformat(), "delay": seconds}, output),
             ).save(using=db)
             return State.PENDING
         Job.objects.using(db).filter(id=job.id).update(
@@ -425,7 +439,10 @@ def fail(job_id, *, worker_id, attempt, error, retry=True, retry_delay=None, usi
             job.id, EventType.DEAD_LETTERED, now,
             from_state=State.LEASED, to_state=State.DEAD_LETTER, attempt=attempt, worker=worker_id,
             message=message,
-            metadata={"error": error, "reason": reason, **_follow_ups(db, job, State.DEAD_LETTER, now, error=error)},
+            metadata=_with_output(
+                {"error": error, "reason": reason, **_follow_ups(db, job, State.DEAD_LETTER, now, error=error)},
+                output,
+            ),
         ).save(using=db)
         return State.DEAD_LETTER
 
@@ -435,10 +452,13 @@ def release(job_id, *, worker_id, attempt, using=None):
     db = _db(using)
     now = timezone.now()
     with transaction.atomic(using=db):
-        changed = _owned(db, job_id, worker_id, attempt).update(
+        changed = _owned(db, job_id, worker_id, attempt).filter(cancel_requested_at__isnull=True).update(
             state=State.PENDING, attempts=attempt - 1, lease_owner=None, lease_expires_at=None
         )
         if not changed:
+            if _owned(db, job_id, worker_id, attempt).exists():
+                # Its abort was asked for: giving it back would run it again.
+                return abort(job_id, worker_id=worker_id, attempt=attempt, how="released unfinished", using=db)
             _lost(job_id, worker_id, attempt, "release")
             return False
         _event(
@@ -480,7 +500,7 @@ def recover(*, limit=500, now=None, using=None):
         jobs = list(qs[:limit])
         if not jobs:
             return out
-        events, letters, back, dead = [], [], [], []
+        events, letters, back, dead, aborted = [], [], [], [], []
         for job in jobs:
             error = {
                 "type": "LeaseExpired",
@@ -488,11 +508,16 @@ def recover(*, limit=500, now=None, using=None):
                 "traceback": "",
             }
             to = State.PENDING if job.attempts < job.max_attempts else State.DEAD_LETTER
-            (back if to == State.PENDING else dead).append(job.id)
+            if job.cancel_requested_at is not None:
+                # Its abort was asked for: the worker died before settling it; do not retry.
+                to = State.CANCELLED
+            {State.PENDING: back, State.DEAD_LETTER: dead, State.CANCELLED: aborted}[to].append(job.id)
             meta = {"error": error}
             if to == State.DEAD_LETTER:
                 letters.append(_dead_letter_row(job, now, error, "lease_expired"))
                 meta.update(_follow_ups(db, job, State.DEAD_LETTER, now, error=error))
+            elif to == State.CANCELLED:
+                meta.update(webhooks.notify(job, State.CANCELLED, now, using=db))
             events.append(
                 _event(
                     job.id, EventType.RECOVERED, now,
@@ -501,7 +526,12 @@ def recover(*, limit=500, now=None, using=None):
                 )
             )
             out.append((job.id, to))
-        lapsed = {"id__in": back + dead, "state": State.LEASED, "lease_expires_at__lt": now}
+        lapsed = {"id__in": back + dead + aborted, "state": State.LEASED, "lease_expires_at__lt": now}
+        if aborted:
+            Job.objects.using(db).filter(**{**lapsed, "id__in": aborted}).update(
+                state=State.CANCELLED, finished_at=now, lease_owner=None, lease_expires_at=None,
+                idempotency_key=None,
+            )
         if back:
             Job.objects.using(db).filter(**{**lapsed, "id__in": back}).update(
                 state=State.PENDING, run_at=now, lease_owner=None, lease_expires_at=None,
@@ -539,7 +569,8 @@ def requeue(job_id, *, payload=_UNSET, max_attempts=None, actor="", using=None):
     now = timezone.now()
     with transaction.atomic(using=db):
         job = _locked(db, job_id, {State.DEAD_LETTER, State.CANCELLED}, "requeue")
-        changes = {"state": State.PENDING, "attempts": 0, "run_at": now, "finished_at": None, "result": None}
+        changes = {"state": State.PENDING, "attempts": 0, "run_at": now, "finished_at": None, "result": None,
+                   "cancel_requested_at": None}
         meta = {"previous_attempts": job.attempts}
         if payload is not _UNSET:
             changes["payload"] = payload
@@ -585,6 +616,53 @@ def cancel(job_id, *, actor="", reason="", using=None):
         ).save(using=db)
     job.refresh_from_db(using=db)
     return job
+
+
+def request_abort(job_id, *, actor="", reason="", using=None):
+    """Ask the worker running a leased job to stop it (aborting.py says how).
+
+    The job stays leased until its handler returns or its process is killed; then the
+    worker's ``abort`` edge cancels it. Asking again changes nothing and writes nothing.
+    """
+    db = _db(using)
+    now = timezone.now()
+    with transaction.atomic(using=db):
+        job = _locked(db, job_id, {State.LEASED}, "abort")
+        if job.cancel_requested_at is None:
+            Job.objects.using(db).filter(id=job.id).update(cancel_requested_at=now)
+            _event(
+                job.id, EventType.ABORT_REQUESTED, now,
+                from_state=State.LEASED, to_state=State.LEASED, attempt=job.attempts, worker=actor,
+                message=reason, metadata={"lease_owner": job.lease_owner},
+            ).save(using=db)
+    job.refresh_from_db(using=db)
+    return job
+
+
+def abort(job_id, *, worker_id, attempt, how, error=None, using=None):
+    """Cancel a leased job whose abort was requested, once its handler has stopped (or
+    its process was killed); return False if this worker no longer holds it."""
+    db = _db(using)
+    now = timezone.now()
+    with transaction.atomic(using=db):
+        job = _owned(db, job_id, worker_id, attempt).filter(cancel_requested_at__isnull=False).select_for_update().first()
+        if job is None:
+            _lost(job_id, worker_id, attempt, "abort")
+            return False
+        Job.objects.using(db).filter(id=job.id).update(
+            state=State.CANCELLED, finished_at=now, lease_owner=None, lease_expires_at=None,
+            idempotency_key=None,
+        )
+        meta = {"how": how, "idempotency_key": job.idempotency_key}
+        if error is not None:
+            meta["error"] = validation.payload(error, "error")
+        _event(
+            job.id, EventType.CANCELLED, now,
+            from_state=State.LEASED, to_state=State.CANCELLED, attempt=attempt, worker=worker_id,
+            message=f"aborted: {how}",
+            metadata={**meta, **webhooks.notify(job, State.CANCELLED, now, using=db)},
+        ).save(using=db)
+    return True
 
 
 def retry_now(job_id, *, actor="", using=None):
