@@ -154,3 +154,40 @@ def test_database_refuses_rows_that_break_its_constraints():
         with pytest.raises(IntegrityError), transaction.atomic():
             JobFactory(**bad)
     assert Job.objects.count() == 0
+
+
+# --- per-job backoff options ---------------------------------------------------------------
+
+
+def test_backoff_options_are_stored_on_the_job():
+    job = enqueue("echo", {}, backoff_base=3, backoff_max=timedelta(minutes=2), backoff_jitter=True)
+    job.refresh_from_db()
+    assert (job.backoff_base, job.backoff_max, job.backoff_jitter) == (3.0, 120.0, True)
+    [bulk] = bulk_enqueue([{"kind": "echo", "backoff_base": 1.5, "backoff_jitter": False}])
+    bulk.refresh_from_db()
+    assert (bulk.backoff_base, bulk.backoff_max, bulk.backoff_jitter) == (1.5, None, False)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"backoff_base": 0.5}, r"backoff_base 0.5 is out of range 1..100"),
+        ({"backoff_base": 101}, r"backoff_base 101 is out of range 1..100"),
+        ({"backoff_base": "2"}, "backoff_base must be a number"),
+        ({"backoff_base": True}, "backoff_base must be a number"),
+        ({"backoff_base": float("nan")}, "backoff_base must be a number"),
+        ({"backoff_max": 0}, "backoff_max must be > 0"),
+        ({"backoff_max": -1}, "backoff_max must be > 0"),
+        ({"backoff_max": 8 * 24 * 3600}, "backoff_max 691200s is more than the limit of 604800s"),
+        ({"backoff_max": "1h"}, "backoff_max must be a number of seconds"),
+        ({"backoff_jitter": "yes"}, "backoff_jitter must be true or false"),
+        ({"backoff_jitter": 1}, "backoff_jitter must be true or false"),
+    ],
+)
+def test_bad_backoff_options_are_refused_and_nothing_written(kwargs, message):
+    with pytest.raises(InvalidJob, match=message) as info:
+        enqueue("echo", {}, **kwargs)
+    assert info.value.field == next(iter(kwargs))
+    with pytest.raises(InvalidJob, match=message):
+        bulk_enqueue([{"kind": "echo"}, {"kind": "echo", **kwargs}])
+    assert nothing_written()
