@@ -11,7 +11,7 @@ import socket
 import traceback
 import uuid
 
-from queue_app import registry, task_results, transitions
+from queue_app import capture, registry, task_results, transitions
 from queue_app.exceptions import UnknownKind
 
 log = logging.getLogger("queue_app")
@@ -39,28 +39,30 @@ async def _await(awaitable):
 
 def execute(job, worker_id, *, using=None):
     """Run a claimed job and record the outcome; return the new state (None if the lease was lost)."""
+    output = capture.Capture()  # what the handler prints goes with the attempt's event
     try:
-        result = call_handler(job)
+        with output:
+            result = call_handler(job)
     except UnknownKind as exc:
         # Retrying cannot help until someone deploys a handler: dead-letter at once.
         return transitions.fail(
             job.id, worker_id=worker_id, attempt=job.attempts,
-            error=transitions.error_info(exc), retry=False, using=using,
+            error=transitions.error_info(exc), retry=False, output=output.value(), using=using,
         )
     except Exception as exc:
         log.info("failed id=%s kind=%s attempt=%s: %r", job.id, job.kind, job.attempts, exc)
         return transitions.fail(
             job.id, worker_id=worker_id, attempt=job.attempts,
-            error=transitions.error_info(exc, traceback.format_exc()), using=using,
+            error=transitions.error_info(exc, traceback.format_exc()), output=output.value(), using=using,
         )
     try:
         done = transitions.complete(
-            job.id, worker_id=worker_id, attempt=job.attempts, result=result, using=using
+            job.id, worker_id=worker_id, attempt=job.attempts, result=result, output=output.value(), using=using
         )
     except ValueError as exc:  # the handler returned something JSON cannot hold
         return transitions.fail(
             job.id, worker_id=worker_id, attempt=job.attempts,
-            error=transitions.error_info(exc), retry=False, using=using,
+            error=transitions.error_info(exc), retry=False, output=output.value(), using=using,
         )
     return "completed" if done else None
 

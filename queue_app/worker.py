@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from django.db import close_old_connections, connection, connections
 
-from queue_app import execution, transitions, validation
+from queue_app import capture, execution, transitions, validation
 from queue_app.conf import settings
 from queue_app.exceptions import UnknownKind
 from queue_app.wakeup import Waiter
@@ -216,34 +216,36 @@ class Loop:
         """execution.execute(), except that a success is acknowledged with others in one
         transaction (complete_many). A job is never reported done before its handler
         returned; a crash before the flush means those jobs run again (at-least-once)."""
+        output = capture.Capture()  # as execute(): per thread, kept with the attempt
         try:
-            value = execution.call_handler(job)
+            with output:
+                value = execution.call_handler(job)
         except UnknownKind as exc:
             # As execute(): retrying cannot help until a handler is deployed.
-            self._fail(job, exc, retry=False)
+            self._fail(job, exc, retry=False, output=output.value())
             return
         except Exception as exc:
-            self._fail(job, exc)
+            self._fail(job, exc, output=output.value())
             return
         try:
             result = validation.payload(value, "result")
         except ValueError as exc:  # the handler returned something JSON cannot hold
-            self._fail(job, exc, retry=False)
+            self._fail(job, exc, retry=False, output=output.value())
             return
         with self.ack_lock:
             if not self.acks:
                 self.acks_since = time.monotonic()
             cell = self.slots.hold_ack(job.id, job.attempts)
-            self.acks.append((job.id, job.attempts, result, cell))
+            self.acks.append((job.id, job.attempts, result, cell, output.value()))
             due = len(self.acks) >= self.options.batch or time.monotonic() - self.acks_since > ACK_DELAY
         if due:
             self._flush_acks()
 
-    def _fail(self, job, exc, retry=True):
+    def _fail(self, job, exc, retry=True, output=None):
         log.info("failed id=%s kind=%s attempt=%s: %r", job.id, job.kind, job.attempts, exc)
         tb = traceback.format_exc() if retry else ""
         transitions.fail(job.id, worker_id=self.owner, attempt=job.attempts,
-                         error=transitions.error_info(exc, tb), retry=retry)
+                         error=transitions.error_info(exc, tb), retry=retry, output=output)
 
     def _flusher(self):
         """Acknowledge finished jobs that have waited ACK_DELAY, e.g. behind a long job."""
@@ -262,7 +264,7 @@ class Loop:
         if not acks:
             return
         try:
-            transitions.complete_many([a[:3] for a in acks], worker_id=self.owner)
+            transitions.complete_many([(*a[:3], a[4]) for a in acks], worker_id=self.owner)
         except Exception:
             # The leases lapse and recovery hands the jobs out again: at-least-once.
             log.exception("could not acknowledge %s jobs worker=%s", len(acks), self.owner)
