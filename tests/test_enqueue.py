@@ -191,3 +191,34 @@ def test_bad_backoff_options_are_refused_and_nothing_written(kwargs, message):
     with pytest.raises(InvalidJob, match=message):
         bulk_enqueue([{"kind": "echo"}, {"kind": "echo", **kwargs}])
     assert nothing_written()
+
+
+def test_manage_py_enqueue_takes_backoff_flags_and_the_json_document_form():
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    call_command("enqueue", "--kind", "echo", "--backoff-base", "3", "--backoff-max", "10m", "--backoff-jitter",
+                 stdout=StringIO())
+    call_command("enqueue", '{"kind": "echo", "backoff_max": "90s", "backoff_jitter": false}', stdout=StringIO())
+    assert list(Job.objects.order_by("id").values_list("backoff_base", "backoff_max", "backoff_jitter")) == [
+        (3.0, 600.0, True), (None, 90.0, False),
+    ]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--backoff-base", "0.5"], "backoff_base 0.5 is out of range"),
+        (["--backoff-max", "8d"], "backoff_max 691200.0s is more than the limit"),
+        (["--no-backoff-jitter", "--backoff-base", "1000"], "backoff_base 1000.0 is out of range"),
+    ],
+)
+def test_manage_py_enqueue_refuses_bad_backoff_flags_and_writes_nothing(args, message):
+    from io import StringIO
+
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError, match=message):
+        call_command("enqueue", "--kind", "echo", *args, stdout=StringIO())
+    assert nothing_written()

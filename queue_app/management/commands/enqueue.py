@@ -1,4 +1,5 @@
 """manage.py enqueue: put one job on the queue from the command line."""
+import argparse
 
 from queue_app import cli, enqueueing, inspection
 from queue_app.conf import settings
@@ -6,7 +7,15 @@ from queue_app.exceptions import InvalidJob
 
 # Keys the JSON-document form accepts, as the Python API names them.
 DOCUMENT_KEYS = {"kind", "payload", "queue", "queue_name", "priority", "idempotency_key", "max_attempts",
-                 "run_at", "run_after", "timeout"}
+                 "run_at", "run_after", "timeout", "backoff_base", "backoff_max", "backoff_jitter"}
+BACKOFF_FLAGS = ("backoff_base", "backoff_max", "backoff_jitter")
+
+
+def number(text):
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
 
 
 class Command(cli.QueueCommand):
@@ -19,6 +28,7 @@ class Command(cli.QueueCommand):
   manage.py enqueue --kind report --payload '{"values": [1, 2, 3]}' --run-after 5m --max-attempts 5
   manage.py enqueue --kind email --payload '{"to": "a@example.com"}' --idempotency-key welcome:42
   manage.py enqueue --kind email --run-at 2026-12-01T09:00:00Z --queue mail
+  manage.py enqueue --kind sync --max-attempts 8 --backoff-base 3 --backoff-max 10m --backoff-jitter
   manage.py enqueue '{"kind": "email", "payload": {"to": "user@example.com"}, "priority": 20}'
   manage.py enqueue --command "echo hi"        # shell job; needs JOBQUEUE["SHELL_JOBS"] = True
   manage.py enqueue --kind email --payload '{"to": "x@example.com"}' --json
@@ -28,7 +38,8 @@ durations: 500ms, 30s, 5m, 1h, 7d or plain seconds. Exit status 2 on bad input (
     def add_arguments(self, parser):
         parser.add_argument("document", nargs="?", metavar="JSON",
                             help="The whole job as a JSON object: kind, payload and any option below "
-                                 "(queue, priority, idempotency_key, max_attempts, run_at, run_after, timeout).")
+                                 "(queue, priority, idempotency_key, max_attempts, run_at, run_after, timeout, "
+                                 "backoff_base, backoff_max, backoff_jitter).")
         parser.add_argument("--kind", help="Handler that runs the job, e.g. email.")
         parser.add_argument("--payload", metavar="JSON", help="The job's JSON payload (default {}).")
         parser.add_argument("--command", metavar="SHELL",
@@ -42,6 +53,12 @@ durations: 500ms, 30s, 5m, 1h, 7d or plain seconds. Exit status 2 on bad input (
         when.add_argument("--run-at", metavar="RFC3339", help="Earliest start, e.g. 2026-12-01T09:00:00Z.")
         when.add_argument("--run-after", type=cli.duration, metavar="DURATION", help="Delay, e.g. 30s or 5m.")
         parser.add_argument("--timeout", type=cli.duration, metavar="DURATION", help="Execution limit, e.g. 2m.")
+        parser.add_argument("--backoff-base", type=number, metavar="B",
+                            help=f"Retry after B ** attempt seconds, 1..100 (default {settings.BACKOFF_BASE:g}).")
+        parser.add_argument("--backoff-max", type=cli.duration, metavar="DURATION",
+                            help=f"Cap on one retry delay, e.g. 10m (default {settings.BACKOFF_MAX_SECONDS:g}s).")
+        parser.add_argument("--backoff-jitter", action=argparse.BooleanOptionalAction, default=None,
+                            help=f"Spread each retry over 0..delay (default {'on' if settings.BACKOFF_JITTER else 'off'}).")
         parser.add_argument("--json", action="store_true", help="Print the job as JSON.")
 
     def handle(self, *args, **o):
@@ -62,7 +79,8 @@ durations: 500ms, 30s, 5m, 1h, 7d or plain seconds. Exit status 2 on bad input (
     def request(self, o):
         """Turn flags or the JSON document into enqueue() arguments; refuse bad input."""
         flags = {k: o[k] for k in ("kind", "payload", "command", "queue", "priority", "idempotency_key",
-                                    "max_attempts", "run_at", "run_after", "timeout") if o[k] is not None}
+                                    "max_attempts", "run_at", "run_after", "timeout", *BACKOFF_FLAGS)
+                 if o[k] is not None}
         if o["document"] is not None:
             if flags:
                 raise cli.bad_input(f"give the job as a JSON document or as flags, not both "
@@ -91,6 +109,7 @@ durations: 500ms, 30s, 5m, 1h, 7d or plain seconds. Exit status 2 on bad input (
             "run_at": cli.timestamp(o["run_at"]) if o["run_at"] else None,
             "run_after": o["run_after"],
             "timeout": o["timeout"],
+            **{k: o[k] for k in BACKOFF_FLAGS},
         }
         return kind, payload, {k: v for k, v in options.items() if v is not None}
 
@@ -113,7 +132,7 @@ durations: 500ms, 30s, 5m, 1h, 7d or plain seconds. Exit status 2 on bad input (
             doc["queue_name"] = doc.pop("queue")
         if isinstance(doc.get("run_at"), str):
             doc["run_at"] = cli.timestamp(doc["run_at"], '"run_at"')
-        for key in ("run_after", "timeout"):
+        for key in ("run_after", "timeout", "backoff_max"):
             if isinstance(doc.get(key), str):
                 try:
                     doc[key] = cli.durations.parse(doc[key])
