@@ -10,19 +10,19 @@ from datetime import datetime
 from functools import wraps
 from typing import Any, Literal
 
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponseNotAllowed
 from django.shortcuts import get_object_or_404
 from ninja import Body, Field, NinjaAPI, Path, Query, Schema, Status
 from ninja.errors import AuthenticationError, HttpError, ValidationError
+from ninja.openapi.docs import Swagger
 from ninja.security import APIKeyHeader, SessionAuthIsStaff
-from pydantic import ConfigDict
+from pydantic import ConfigDict, StrictBool
 
-from queue_app import enqueueing, flow, metrics, transitions
+from queue_app import enqueueing, flow, metrics, transitions, validation
 from queue_app.api_auth import Principal, authenticate
 from queue_app.conf import settings
 from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound
 from queue_app.models import DeadLetter, Job, Pause, State, Worker
-from queue_app.validation import NAME_RE
 
 MAX_ID = 2**63 - 1
 JobId = Path(..., ge=1, le=MAX_ID, description="The job's id.")
@@ -53,12 +53,41 @@ def open_reads(request):
     return None
 
 
-api = NinjaAPI(
+class QueueAPI(NinjaAPI):
+    """A NinjaAPI whose 405 answers are JSON like every other refusal."""
+
+    @property
+    def urls(self):
+        patterns, app_name, namespace = super().urls
+        for pattern in patterns:
+            pattern.callback = _json_405(pattern.callback)
+        return patterns, app_name, namespace
+
+
+def _json_405(view):
+    # ninja answers a method no operation takes with a plain-text HttpResponseNotAllowed.
+    @wraps(view)
+    def check(request, *args, **kwargs):
+        response = view(request, *args, **kwargs)
+        if isinstance(response, HttpResponseNotAllowed):
+            allowed = response["Allow"]
+            message = f"{request.method} is not allowed here; allowed: {allowed}"
+            response = api.create_response(request, {"error": message, "field": None}, status=405)
+            response["Allow"] = allowed
+        return response
+
+    return check
+
+
+api = QueueAPI(
     title="jobqueue API",
     version="1",
     description="Enqueue, inspect and operate the job queue.",
     auth=[KeyAuth(), StaffSession(), open_reads],
     urls_namespace="jobqueue-api",
+    # Served from ninja's bundled static files ("ninja" is in INSTALLED_APPS), not a CDN;
+    # no validator badge, which would be fetched from the internet.
+    docs=Swagger(settings={"validatorUrl": None}),
 )
 
 
@@ -159,6 +188,12 @@ class Duplicate(Refused):
     job_id: int
 
 
+# Any operation may refuse its input (400), its caller (401) or an oversized body (413);
+# a write also needs a permission (403).
+REFUSALS = {400: Refused, 401: Refused, 413: Refused}
+WRITE_REFUSALS = {**REFUSALS, 403: Refused}
+
+
 class JobIn(Schema):
     model_config = ConfigDict(extra="forbid")
 
@@ -176,6 +211,9 @@ class JobIn(Schema):
     on_success: dict | None = Field(default=None, description="Follow-up job template: kind, payload, options.")
     on_failure: dict | None = Field(default=None, description="Follow-up job template when it dead-letters.")
     webhook_url: str | None = Field(default=None, description="POSTed the outcome; host must be allow-listed.")
+    backoff_base: float | None = Field(default=None, description="Retry after backoff_base ** attempt seconds, 1..100.")
+    backoff_max: float | None = Field(default=None, description="Seconds; the cap on one retry delay.")
+    backoff_jitter: StrictBool | None = Field(default=None, description="Spread each retry over 0..delay.")
 
 
 class BulkIn(Schema):
@@ -211,6 +249,9 @@ class JobOut(Schema):
     result: Any
     last_error: Any
     timeout: float | None
+    backoff_base: float | None
+    backoff_max: float | None
+    backoff_jitter: bool | None
 
 
 class EventOut(Schema):
@@ -280,37 +321,14 @@ class Stats(Schema):
     workers: dict[str, int]
 
 
-# --- input checks the database would otherwise turn into 500s -------------------------------
-
-
-def _text_ok(value, field):
-    """PostgreSQL cannot store NUL in text or jsonb; no driver can send a lone surrogate."""
-    if isinstance(value, str):
-        if "\x00" in value:
-            raise InvalidJob(f"{field} may not contain the NUL character (\\u0000)", field)
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise InvalidJob(f"{field} holds an unpaired UTF-16 surrogate; send valid Unicode", field) from None
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            _text_ok(k, field)
-            _text_ok(v, field)
-    elif isinstance(value, list):
-        for v in value:
-            _text_ok(v, field)
-
-
 def _options(job: JobIn):
-    for field in ("payload", "idempotency_key", "kind", "queue_name"):
-        _text_ok(getattr(job, field), field)
     data = job.model_dump(exclude_unset=True)
     data.pop("strict", None)
     return data.pop("kind"), data.pop("payload", None), data
 
 
 def _name_filter(value, field):
-    if value is not None and (len(value) > 255 or not NAME_RE.match(value)):
+    if value is not None and (len(value) > 255 or not validation.NAME_RE.match(value)):
         raise InvalidJob(f"{field} {value[:50]!r} is not a valid {field} name", field)
     return value
 
@@ -329,7 +347,7 @@ def _page(qs, before, limit):
 # --- jobs ------------------------------------------------------------------------------------
 
 
-@api.post("/jobs", response={200: JobOut, 201: JobOut, 400: Refused, 403: Refused, 409: Duplicate}, tags=["jobs"])
+@api.post("/jobs", response={200: JobOut, 201: JobOut, **WRITE_REFUSALS, 409: Duplicate}, tags=["jobs"])
 def create_job(request: HttpRequest, job: JobIn = Body(...)):
     """Enqueue a job: 201 with the new job, 200 with the existing one on an idempotency-key
     match (409 naming it when ``strict`` is true)."""
@@ -342,7 +360,7 @@ def create_job(request: HttpRequest, job: JobIn = Body(...)):
     return Status(201 if created.was_created else 200, created)
 
 
-@api.post("/jobs/bulk", response={201: list[JobOut], 400: Refused, 403: Refused}, tags=["jobs"])
+@api.post("/jobs/bulk", response={201: list[JobOut], **WRITE_REFUSALS}, tags=["jobs"])
 def create_jobs(request: HttpRequest, body: BulkIn):
     """Enqueue many jobs in one transaction: all or none."""
     _need(request, "queue_app.add_job")
@@ -358,7 +376,7 @@ def create_jobs(request: HttpRequest, body: BulkIn):
     return Status(201, enqueueing.bulk_enqueue(specs))
 
 
-@api.get("/jobs", response={200: JobPage, 400: Refused}, tags=["jobs"])
+@api.get("/jobs", response={200: JobPage, **REFUSALS}, tags=["jobs"])
 def list_jobs(
     request: HttpRequest,
     state: StateName | None = None,
@@ -379,7 +397,7 @@ def list_jobs(
     return {"items": items, "next_before": next_before}
 
 
-@api.get("/jobs/{job_id}", response={200: JobDetail, 404: Refused}, tags=["jobs"])
+@api.get("/jobs/{job_id}", response={200: JobDetail, **REFUSALS, 404: Refused}, tags=["jobs"])
 def get_job(request: HttpRequest, job_id: int = JobId):
     """One job with its whole event timeline."""
     job = Job.objects.filter(id=job_id).prefetch_related("events").first()
@@ -388,14 +406,14 @@ def get_job(request: HttpRequest, job_id: int = JobId):
     return job
 
 
-@api.delete("/jobs/{job_id}", response={200: JobOut, 403: Refused, 404: Refused, 409: Refused}, tags=["jobs"])
+@api.delete("/jobs/{job_id}", response={200: JobOut, **WRITE_REFUSALS, 404: Refused, 409: Refused}, tags=["jobs"])
 def cancel_job(request: HttpRequest, job_id: int = JobId):
     """Cancel a pending (or, cooperatively, a leased) job; 409 when it has finished."""
     actor = _need(request, "queue_app.change_job")
     return transitions.cancel(job_id, actor=actor, reason="cancelled over the API")
 
 
-@api.post("/jobs/{job_id}/requeue", response={200: JobOut, 400: Refused, 403: Refused, 404: Refused, 409: Refused}, tags=["jobs"])
+@api.post("/jobs/{job_id}/requeue", response={200: JobOut, **WRITE_REFUSALS, 404: Refused, 409: Refused}, tags=["jobs"])
 def requeue_job(request: HttpRequest, job_id: int = JobId, body: RequeueIn | None = Body(None)):
     """Send a dead-lettered or cancelled job back to pending with a fresh budget."""
     actor = _need(request, "queue_app.change_job")
@@ -403,7 +421,6 @@ def requeue_job(request: HttpRequest, job_id: int = JobId, body: RequeueIn | Non
     if body is not None:
         fields = body.model_dump(exclude_unset=True)
         if "payload" in fields:
-            _text_ok(fields["payload"], "payload")
             kwargs["payload"] = {} if fields["payload"] is None else fields["payload"]
         if fields.get("max_attempts") is not None:
             kwargs["max_attempts"] = fields["max_attempts"]
@@ -413,7 +430,7 @@ def requeue_job(request: HttpRequest, job_id: int = JobId, body: RequeueIn | Non
 # --- stats, dead letters, workers ------------------------------------------------------------
 
 
-@api.get("/stats", response=Stats, tags=["queue"])
+@api.get("/stats", response={200: Stats, **REFUSALS}, tags=["queue"])
 def stats(request: HttpRequest):
     """Job counts by state, queue and kind; event totals; backlog age; dead letters; workers."""
     snap = metrics.snapshot()
@@ -435,7 +452,7 @@ def stats(request: HttpRequest):
     }
 
 
-@api.get("/dead-letters", response={200: DeadLetterPage, 400: Refused}, tags=["dead letters"])
+@api.get("/dead-letters", response={200: DeadLetterPage, **REFUSALS}, tags=["dead letters"])
 def list_dead_letters(
     request: HttpRequest,
     resolved: bool = Query(False, description="true: resolved ones instead of open ones."),
@@ -450,7 +467,7 @@ def list_dead_letters(
 
 @api.post(
     "/dead-letters/{letter_id}/replay",
-    response={200: JobOut, 403: Refused, 404: Refused, 409: Refused},
+    response={200: JobOut, **WRITE_REFUSALS, 404: Refused, 409: Refused},
     tags=["dead letters"],
 )
 def replay_dead_letter(request: HttpRequest, letter_id: int = Path(..., ge=1, le=MAX_ID)):
@@ -463,7 +480,7 @@ def replay_dead_letter(request: HttpRequest, letter_id: int = Path(..., ge=1, le
     return transitions.requeue(letter.job_id, actor=actor)
 
 
-@api.get("/workers", response=list[WorkerOut], tags=["queue"])
+@api.get("/workers", response={200: list[WorkerOut], **REFUSALS}, tags=["queue"])
 def list_workers(request: HttpRequest, limit: int | None = Query(None, ge=1, le=10_000)):
     """Registered workers, newest first."""
     return list(Worker.objects.order_by("-started_at", "-id")[: _limit(limit)])
@@ -488,22 +505,22 @@ class PauseOut(Schema):
     reason: str
 
 
-@api.get("/pauses", response=list[PauseOut], tags=["queue"])
+@api.get("/pauses", response={200: list[PauseOut], **REFUSALS}, tags=["queue"])
 def list_pauses(request: HttpRequest):
     """Paused queues and kinds: their pending jobs are not leased until resumed."""
     return list(Pause.objects.all())
 
 
-@api.post("/pauses", response={201: PauseOut, 200: PauseOut, 400: Refused, 403: Refused}, tags=["queue"])
+@api.post("/pauses", response={201: PauseOut, 200: PauseOut, **WRITE_REFUSALS}, tags=["queue"])
 def create_pause(request: HttpRequest, body: PauseIn):
     """Pause a queue or a kind cluster-wide (201; 200 if it already was)."""
     actor = _need(request, "queue_app.change_job")
-    _text_ok(body.reason, "reason")
+    validation.text(body.reason, "reason")
     paused, created = flow.pause(queue=body.queue, kind=body.kind, actor=actor, reason=body.reason)
     return Status(201 if created else 200, paused)
 
 
-@api.delete("/pauses", response={200: dict, 400: Refused, 403: Refused, 404: Refused}, tags=["queue"])
+@api.delete("/pauses", response={200: dict, **WRITE_REFUSALS, 404: Refused}, tags=["queue"])
 def delete_pause(request: HttpRequest, queue: str | None = Query(None), kind: str | None = Query(None)):
     """Resume a paused queue (?queue=) or kind (?kind=); 404 when it was not paused."""
     _need(request, "queue_app.change_job")

@@ -222,3 +222,43 @@ def test_manage_py_enqueue_refuses_bad_backoff_flags_and_writes_nothing(args, me
     with pytest.raises(CommandError, match=message):
         call_command("enqueue", "--kind", "echo", *args, stdout=StringIO())
     assert nothing_written()
+
+
+def _api_post(body):
+    import json
+
+    from django.test import Client
+
+    from queue_app import api_auth
+
+    client = Client(headers={"X-API-Key": api_auth.create("backoff")[1]})
+    return client.post("/api/jobs", json.dumps(body), content_type="application/json")
+
+
+def test_post_api_jobs_takes_backoff_options_and_returns_them():
+    r = _api_post({"kind": "echo", "backoff_base": 4, "backoff_max": 300, "backoff_jitter": True})
+    assert r.status_code == 201, r.content
+    assert {k: r.json()[k] for k in ("backoff_base", "backoff_max", "backoff_jitter")} == {
+        "backoff_base": 4.0, "backoff_max": 300.0, "backoff_jitter": True,
+    }
+    job = Job.objects.get(id=r.json()["id"])
+    assert (job.backoff_base, job.backoff_max, job.backoff_jitter) == (4.0, 300.0, True)
+
+
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"backoff_base": 0}, "backoff_base"),
+        ({"backoff_base": 1e9}, "backoff_base"),
+        ({"backoff_max": -5}, "backoff_max"),
+        ({"backoff_max": 10**7}, "backoff_max"),
+        ({"backoff_jitter": "yes"}, "backoff_jitter"),
+        ({"backoff_jitter": 1}, "backoff_jitter"),
+    ],
+)
+def test_post_api_jobs_refuses_bad_backoff_options_with_400_and_writes_nothing(body, field):
+    r = _api_post({"kind": "echo", **body})
+    assert r.status_code == 400, r.content
+    assert r.json()["field"] == field
+    assert field in r.json()["error"]
+    assert nothing_written()
