@@ -14,11 +14,15 @@
 
 A task's job has kind = the task's module path and payload = {"args": [...],
 "kwargs": {...}}; priority, queue_name and run_after (-> run_at) carry over. Our extras
-(max_attempts, timeout, idempotency_key) are task options: ``@task(max_attempts=5)``
+(max_attempts, timeout, idempotency_key, backoff) are task options: ``@task(max_attempts=5)``
 on Django 6.1, ``.using(idempotency_key=...)`` per call, or ``with_options(task, ...)``
 on Django 6.0, whose ``@task`` does not pass extra keyword arguments on.
+
+``backoff`` is a retry base (``backoff=3``: 3, 9, 27... seconds) or a dict with any of
+``base``, ``max`` (seconds) and ``jitter``; it sets the task's ``backoff_base``,
+``backoff_max`` and ``backoff_jitter``, which may also be given one by one.
 """
-from dataclasses import dataclass, fields, replace
+from dataclasses import InitVar, dataclass, fields, replace
 
 from asgiref.sync import sync_to_async
 from django.apps import apps
@@ -36,8 +40,26 @@ from queue_app.conf import settings
 from queue_app.exceptions import InvalidJob, UnknownKind
 from queue_app.models import KIND_MAX_LENGTH, QUEUE_NAME_MAX_LENGTH, Job
 
-OPTION_NAMES = ("database", "max_attempts", "timeout")
-EXTRA_FIELDS = ("max_attempts", "timeout", "idempotency_key")
+OPTION_NAMES = ("database", "max_attempts", "timeout", "backoff")
+BACKOFF_FIELDS = ("backoff_base", "backoff_max", "backoff_jitter")
+EXTRA_FIELDS = ("max_attempts", "timeout", "idempotency_key", *BACKOFF_FIELDS)
+# The keys a backoff dict may hold, and the job field each one sets.
+BACKOFF_KEYS = {"base": "backoff_base", "max": "backoff_max", "jitter": "backoff_jitter"}
+
+
+def backoff_fields(backoff):
+    """``backoff`` (a base, or a dict of base/max/jitter) as job fields; values are
+    checked later, by validate_task, like the fields given one by one."""
+    if backoff is None:
+        return {}
+    if isinstance(backoff, dict):
+        unknown = sorted(map(str, set(backoff) - set(BACKOFF_KEYS)))
+        if unknown:
+            raise InvalidTask(f"backoff: unknown key(s) {', '.join(unknown)}; allowed: base, max, jitter")
+        return {BACKOFF_KEYS[key]: value for key, value in backoff.items()}
+    if isinstance(backoff, bool) or not isinstance(backoff, (int, float)):
+        raise InvalidTask(f"backoff must be a number (the base) or a dict of base, max, jitter; got {backoff!r}")
+    return {"backoff_base": backoff}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,6 +72,18 @@ class QueueTask(Task):
     timeout: float | None = None
     # Enqueueing a key that a live job holds returns that job instead of a new one.
     idempotency_key: str | None = None
+    # Retry backoff (base ** attempt seconds, capped, jittered); None: OPTIONS["backoff"]
+    # or JOBQUEUE's BACKOFF_* settings.
+    backoff_base: float | None = None
+    backoff_max: float | None = None
+    backoff_jitter: bool | None = None
+    # ``@task(backoff=3)`` or ``backoff={"base": 3, "max": 600}``: sets the three above.
+    backoff: InitVar[float | dict | None] = None
+
+    def __post_init__(self, backoff):
+        for name, value in backoff_fields(backoff).items():
+            object.__setattr__(self, name, value)
+        Task.__post_init__(self)
 
     def using(
         self,
@@ -61,26 +95,42 @@ class QueueTask(Task):
         max_attempts=None,
         timeout=None,
         idempotency_key=None,
+        backoff=None,
+        backoff_base=None,
+        backoff_max=None,
+        backoff_jitter=None,
     ):
         """Create a new Task with modified defaults."""
         # Task is a slots dataclass, so zero-argument super() is not available here.
         task = Task.using(
             self, priority=priority, queue_name=queue_name, run_after=run_after, backend=backend
         )
-        extras = {"max_attempts": max_attempts, "timeout": timeout, "idempotency_key": idempotency_key}
+        extras = {
+            "max_attempts": max_attempts, "timeout": timeout, "idempotency_key": idempotency_key,
+            **backoff_fields(backoff),
+            **{
+                name: value
+                for name, value in zip(BACKOFF_FIELDS, (backoff_base, backoff_max, backoff_jitter))
+                if value is not None
+            },
+        }
         changes = {name: value for name, value in extras.items() if value is not None}
         return replace(task, **changes) if changes else task
 
 
 def with_options(task, **options):
-    """Return a copy of ``task`` carrying our job options (max_attempts, timeout, idempotency_key).
+    """Return a copy of ``task`` carrying our job options (max_attempts, timeout,
+    idempotency_key, backoff or backoff_base/backoff_max/backoff_jitter).
 
     For Django 6.0, whose ``@task`` does not pass extra keywords to the backend, and for
     tasks created by another backend's ``task_class``.
     """
-    unknown = sorted(set(options) - set(EXTRA_FIELDS))
+    unknown = sorted(set(options) - {*EXTRA_FIELDS, "backoff"})
     if unknown:
-        raise TypeError(f"unknown task option(s): {', '.join(unknown)}; allowed: {', '.join(EXTRA_FIELDS)}")
+        raise TypeError(
+            f"unknown task option(s): {', '.join(unknown)}; allowed: {', '.join(EXTRA_FIELDS)}, backoff"
+        )
+    options = {**options, **backoff_fields(options.pop("backoff", None))}
     base = {f.name: getattr(task, f.name) for f in fields(task)}
     return QueueTask(**{**base, **options})
 
@@ -122,13 +172,18 @@ class DatabaseBackend(BaseTaskBackend):
             if getattr(task, "timeout", None) is not None:
                 validation.seconds(task.timeout, "timeout", maximum=settings.MAX_TIMEOUT_SECONDS)
             validation.idempotency_key(getattr(task, "idempotency_key", None))
+            validation.backoff_base(getattr(task, "backoff_base", None))
+            validation.backoff_max(getattr(task, "backoff_max", None))
+            validation.backoff_jitter(getattr(task, "backoff_jitter", None))
         except InvalidJob as exc:
             raise _invalid(exc) from None
 
     def _job_options(self, task):
+        defaults = {**self.options, **backoff_fields(self.options.get("backoff"))}
+
         def pick(name):
             value = getattr(task, name, None)
-            return self.options.get(name) if value is None else value
+            return defaults.get(name) if value is None else value
 
         return {
             "queue_name": task.queue_name,
@@ -137,6 +192,7 @@ class DatabaseBackend(BaseTaskBackend):
             "max_attempts": pick("max_attempts"),
             "timeout": pick("timeout"),
             "idempotency_key": getattr(task, "idempotency_key", None),
+            **{name: pick(name) for name in BACKOFF_FIELDS},
         }
 
     def enqueue(self, task, args, kwargs):
@@ -239,5 +295,9 @@ class DatabaseBackend(BaseTaskBackend):
                 validation.max_attempts(self.options["max_attempts"])
             if self.options.get("timeout") is not None:
                 validation.seconds(self.options["timeout"], "timeout", maximum=settings.MAX_TIMEOUT_SECONDS)
-        except InvalidJob as exc:
+            backoff = backoff_fields(self.options.get("backoff"))
+            validation.backoff_base(backoff.get("backoff_base"))
+            validation.backoff_max(backoff.get("backoff_max"))
+            validation.backoff_jitter(backoff.get("backoff_jitter"))
+        except (InvalidJob, InvalidTask) as exc:
             yield checks.Error(f"{where}['OPTIONS']: {exc}.", id="queue_app.E007")

@@ -77,3 +77,8 @@ async def async_nap(seconds):
     started = time.monotonic()
     await asyncio.sleep(seconds)
     return {"started": started, "ended": time.monotonic()}
+
+
+@task(backoff={"base": 5, "max": 60, "jitter": False})
+def with_backoff():
+    return None

@@ -392,3 +392,93 @@ def test_enqueue_inside_a_rolled_back_atomic_leaves_nothing(enqueued_signals):
     with pytest.raises(TaskResultDoesNotExist):
         result.refresh()
 
+
+
+# --- backoff as a task option -----------------------------------------------------------------
+
+
+def backoff_of(job):
+    return (job.backoff_base, job.backoff_max, job.backoff_jitter)
+
+
+@pytest.mark.django_db
+def test_a_backoff_dict_from_the_decorator_reaches_the_row():
+    assert backoff_of(job_of(tasks.with_backoff.enqueue())) == (5.0, 60.0, False)
+
+
+@pytest.mark.django_db
+def test_using_sets_backoff_per_call_as_a_base_a_dict_or_one_field():
+    assert backoff_of(job_of(tasks.with_backoff.using(backoff=3).enqueue())) == (3.0, 60.0, False)
+    assert backoff_of(job_of(tasks.add.using(backoff={"max": 90, "jitter": True}).enqueue(1, 2))) == (
+        None, 90.0, True,
+    )
+    assert backoff_of(job_of(tasks.add.using(backoff_max=timedelta(minutes=2)).enqueue(1, 2))) == (None, 120.0, None)
+    # Untouched by a plain .using(): the task's own backoff stays.
+    assert backoff_of(job_of(tasks.with_backoff.using(priority=3).enqueue())) == (5.0, 60.0, False)
+
+
+@pytest.mark.django_db
+def test_with_options_takes_backoff_too():
+    task = with_options(tasks.noop, backoff={"base": 4, "max": 30})
+    assert (task.backoff_base, task.backoff_max) == (4, 30)
+    assert backoff_of(job_of(task.enqueue())) == (4.0, 30.0, None)
+    assert backoff_of(job_of(with_options(tasks.noop, backoff_base=1.5).enqueue())) == (1.5, None, None)
+
+
+@pytest.mark.django_db
+def test_backend_options_give_a_default_backoff_that_a_task_overrides(settings):
+    settings.TASKS = {"default": {"BACKEND": BACKEND, "OPTIONS": {"backoff": {"base": 6, "max": 100}}}}
+    assert backoff_of(job_of(tasks.add.enqueue(1, 2))) == (6.0, 100.0, None)
+    assert backoff_of(job_of(tasks.with_backoff.enqueue())) == (5.0, 60.0, False)
+    settings.TASKS = {"default": {"BACKEND": BACKEND, "OPTIONS": {"backoff": 8}}}
+    assert backoff_of(job_of(tasks.add.enqueue(1, 2))) == (8.0, None, None)
+
+
+@pytest.mark.django_db
+def test_a_task_retries_on_its_own_backoff(settings):
+    from queue_app import transitions
+    from queue_app.execution import run_one
+    from queue_app.models import EventType
+
+    settings.JOBQUEUE = {"BACKOFF_BASE": 2, "BACKOFF_JITTER": False}
+    result = tasks.fail.using(backoff={"base": 9, "max": 50}, max_attempts=3).enqueue()
+    delays = []
+    for _ in range(2):
+        job = run_one(worker_id="test-host:1:backoff")
+        delays.append(Event.objects.filter(job=job, type=EventType.FAILED).latest("id").metadata["delay"])
+        transitions.retry_now(job.id)
+    assert int(result.id) == job.id
+    assert delays == [9.0, 50.0]
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: tasks.add.using(backoff=0.5), "backoff_base 0.5 is out of range 1..100"),
+        (lambda: tasks.add.using(backoff="fast"), "backoff must be a number"),
+        (lambda: tasks.add.using(backoff={"base": 2, "cap": 9}), "backoff: unknown key"),
+        (lambda: tasks.add.using(backoff={"max": 0}), "backoff_max must be > 0"),
+        (lambda: tasks.add.using(backoff_max=8 * 24 * 3600), "more than the limit of 604800s"),
+        (lambda: tasks.add.using(backoff_jitter="yes"), "backoff_jitter must be true or false"),
+        (lambda: with_options(tasks.noop, backoff=1000), "backoff_base 1000 is out of range"),
+    ],
+)
+def test_bad_backoff_task_options_are_refused(make, message):
+    with pytest.raises(InvalidTask, match=message):
+        make()
+
+
+@pytest.mark.django_db
+def test_a_bad_backend_backoff_is_refused_at_enqueue_and_nothing_is_written(settings):
+    settings.TASKS = {"default": {"BACKEND": BACKEND, "OPTIONS": {"backoff": {"base": 500}}}}
+    with pytest.raises(InvalidTask, match="backoff_base 500 is out of range"):
+        tasks.add.enqueue(1, 2)
+    assert not Job.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "options", [{"backoff": 0}, {"backoff": "x"}, {"backoff": {"bass": 2}}, {"backoff": {"jitter": "on"}}],
+)
+def test_checks_report_a_bad_backend_backoff(options):
+    assert "queue_app.E007" in check_ids({"OPTIONS": options})
+    assert check_ids({"OPTIONS": {"backoff": {"base": 3, "max": 60, "jitter": True}}}) == []
