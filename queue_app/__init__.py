@@ -7,6 +7,10 @@ def __getattr__(name):
         from queue_app import enqueueing as api_python
 
         return getattr(api_python, name)
+    if name == "current_job":
+        from queue_app.running import current_job
+
+        return current_job
     if name == "handler":
         from queue_app.registry import handler
 

@@ -18,7 +18,7 @@ from ninja.openapi.docs import Swagger
 from ninja.security import APIKeyHeader, SessionAuthIsStaff
 from pydantic import ConfigDict, StrictBool
 
-from queue_app import enqueueing, flow, metrics, transitions, validation
+from queue_app import aborting, enqueueing, flow, metrics, transitions, validation
 from queue_app.api_auth import Principal, authenticate
 from queue_app.conf import settings
 from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound
@@ -252,6 +252,10 @@ class JobOut(Schema):
     backoff_base: float | None
     backoff_max: float | None
     backoff_jitter: bool | None
+    cancel_requested_at: datetime | None = Field(None, description="Set while a running job is being aborted.")
+    progress: float | None = Field(None, description="0-100, as the running handler last reported.")
+    progress_message: str | None = None
+    metadata: Any = Field(None, description="JSON the handler attached.")
 
 
 class EventOut(Schema):
@@ -406,11 +410,13 @@ def get_job(request: HttpRequest, job_id: int = JobId):
     return job
 
 
-@api.delete("/jobs/{job_id}", response={200: JobOut, **WRITE_REFUSALS, 404: Refused, 409: Refused}, tags=["jobs"])
+@api.delete("/jobs/{job_id}", response={200: JobOut, 202: JobOut, **WRITE_REFUSALS, 404: Refused, 409: Refused}, tags=["jobs"])
 def cancel_job(request: HttpRequest, job_id: int = JobId):
-    """Cancel a pending (or, cooperatively, a leased) job; 409 when it has finished."""
+    """Cancel a pending job (200), or ask the worker running a leased one to abort it
+    (202: it ends cancelled when its handler stops or is killed); 409 when it has finished."""
     actor = _need(request, "queue_app.change_job")
-    return transitions.cancel(job_id, actor=actor, reason="cancelled over the API")
+    job = aborting.cancel(job_id, actor=actor, reason="cancelled over the API")
+    return Status(202 if job.state == State.LEASED else 200, job)
 
 
 @api.post("/jobs/{job_id}/requeue", response={200: JobOut, **WRITE_REFUSALS, 404: Refused, 409: Refused}, tags=["jobs"])

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from django.db import router, transaction
 from django.utils import timezone
 
-from queue_app import transitions, validation
+from queue_app import aborting, transitions, validation
 from queue_app.conf import settings
 from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound
 from queue_app.models import Job, State, Worker
@@ -87,7 +87,8 @@ def _run(action, job_id, value, actor, using):
     elif action.name == "retry_now":
         transitions.retry_now(job_id, actor=actor, using=using)
     elif action.name == "cancel":
-        transitions.cancel(job_id, actor=actor, reason=f"cancelled by {actor}", using=using)
+        # A running job is asked to abort; it ends cancelled when its worker stops it.
+        aborting.cancel(job_id, actor=actor, reason=f"cancelled by {actor}", using=using)
     elif action.name == "change_priority":
         transitions.change_priority(job_id, value, actor=actor, using=using)
     elif action.name == "edit_payload":

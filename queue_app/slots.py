@@ -10,14 +10,15 @@ class Slots:
     """Shared memory between the supervisor and one child, created before the fork.
 
     Per thread: job id, attempt, start (time.monotonic(), which every process on the
-    host shares) and timeout in seconds (0: none). Then two cells for the whole child:
-    a clean-exit flag and the count of jobs it finished. Then (id, attempt) pairs of
-    jobs that finished but whose batched acknowledgement is not yet committed: if the
-    child dies, the supervisor records those as run-and-lost rather than unstarted.
-    Doubles hold ids exactly up to 2**53.
+    host shares), timeout in seconds (0: none) and the id of the job the supervisor
+    asks it to abort (aborting.py; an id, so a flag meant for a finished job is inert).
+    Then two cells for the whole child: a clean-exit flag and the count of jobs it
+    finished. Then (id, attempt) pairs of jobs that finished but whose batched
+    acknowledgement is not yet committed: if the child dies, the supervisor records
+    those as run-and-lost rather than unstarted. Doubles hold ids exactly up to 2**53.
     """
 
-    WIDTH = 4
+    WIDTH = 5
 
     def __init__(self, threads, acks=0):
         self.threads = threads
@@ -51,7 +52,20 @@ class Slots:
         self.cells[base + 1] = attempt
         self.cells[base + 2] = time.monotonic()
         self.cells[base + 3] = timeout or 0.0
+        self.cells[base + 4] = 0
         self.cells[base] = job_id
+
+    def request_abort(self, job_id):
+        """Flag the thread running ``job_id`` to stop; return whether one runs it."""
+        for i in range(self.threads):
+            base = i * self.WIDTH
+            if int(self.cells[base]) == job_id:
+                self.cells[base + 4] = job_id
+                return True
+        return False
+
+    def abort_requested(self, i, job_id):
+        return int(self.cells[i * self.WIDTH + 4]) == job_id
 
     def clear(self, i):
         self.cells[i * self.WIDTH] = 0

@@ -4,6 +4,9 @@ what only a process that outlives them can do.
 - Timeouts: a child whose job passed its deadline is SIGKILLed (a handler stuck in C
   code never yields, so nothing gentler works) and replaced; the job fails with a
   timeout error and follows the normal retry / dead-letter path.
+- Aborts (aborting.py): every ABORT_CHECK_INTERVAL it looks for abort requests on the
+  jobs its children run and flags them in shared memory; a job still running
+  ABORT_GRACE_SECONDS later has its child killed and replaced, and is cancelled.
 - Crashes: a child that dies on its own (os._exit, segfault) has the job it was running
   failed with the exit status as the error, its unstarted claims released, and is
   replaced.
@@ -26,7 +29,7 @@ import time
 
 from django.db import connections
 
-from queue_app import flow, scheduling, transitions, workers
+from queue_app import aborting, flow, scheduling, transitions, workers
 from queue_app.conf import settings
 from queue_app.slots import Budget, Slots
 from queue_app.worker import child_main
@@ -47,6 +50,8 @@ class Child:
         self.slots = slots
         self.pid = pid
         self.timed_out = None  # (job_id, attempt, timeout) once killed for overrunning
+        self.aborts = {}  # job_id -> (attempt, kill deadline) once its abort was requested
+        self.killed_for_abort = False
 
 
 def _timeout_error(job_id, seconds):
@@ -89,6 +94,7 @@ class Supervisor:
         self.stop_deadline = None
         self.record = None
         self.done_by_gone = 0
+        self.next_abort_check = 0.0
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -126,6 +132,7 @@ class Supervisor:
                     self._begin_stop("max runtime reached")
                 self._reap()
                 self._enforce_timeouts()
+                self._enforce_aborts(now)
                 if now >= next_beat:
                     next_beat = now + o.heartbeat
                     self._heartbeat()
@@ -243,6 +250,13 @@ class Supervisor:
     def _settle_dead_child(self, child, status):
         how = _describe(status)
         for job_id, attempt, _, _ in child.slots.running():
+            if job_id in child.aborts:
+                # Killed for ignoring its abort (or died meanwhile): what was asked for.
+                why = "was killed after the abort grace" if child.killed_for_abort else f"process {how}"
+                log.warning("aborted id=%s attempt=%s worker=%s: %s", job_id, attempt, child.owner, why)
+                self._guard(transitions.abort, job_id, worker_id=child.owner, attempt=attempt,
+                            how=f"its handler {why}" if child.killed_for_abort else f"its worker {why}")
+                continue
             if child.timed_out and child.timed_out[0] == job_id:
                 error = _timeout_error(job_id, child.timed_out[2])
                 log.warning("timed out id=%s attempt=%s worker=%s", job_id, attempt, child.owner)
@@ -267,6 +281,36 @@ class Supervisor:
                 if timeout and now > started + timeout:
                     child.timed_out = (job_id, attempt, timeout)
                     log.warning("id=%s overran its timeout; killing child pid=%s", job_id, child.pid)
+                    self._signal(child, signal.SIGKILL)
+                    break
+
+    def _enforce_aborts(self, now):
+        if now >= self.next_abort_check:
+            self.next_abort_check = now + float(settings.ABORT_CHECK_INTERVAL)
+            running = {
+                job_id: (child, attempt)
+                for child in self.children.values()
+                for job_id, attempt, _, _ in child.slots.running()
+                if job_id not in child.aborts
+            }
+            grace = float(settings.ABORT_GRACE_SECONDS)
+            for job_id in self._guard(aborting.requested, list(running), default=()):
+                child, attempt = running[job_id]
+                if child.slots.request_abort(job_id):
+                    child.aborts[job_id] = (attempt, now + grace)
+                    log.info("abort requested id=%s: told child pid=%s, killed in %ss if still running",
+                             job_id, child.pid, grace)
+        for child in list(self.children.values()):
+            if not child.aborts or child.killed_for_abort:
+                continue
+            live = {(job_id, attempt) for job_id, attempt, _, _ in child.slots.running()}
+            for job_id, (attempt, deadline) in list(child.aborts.items()):
+                if (job_id, attempt) not in live:
+                    del child.aborts[job_id]  # its handler stopped; the child settled it
+                elif now > deadline:
+                    # Nothing gentler reaches a handler that does not look (C code, a busy loop).
+                    child.killed_for_abort = True
+                    log.warning("id=%s still running after its abort grace; killing child pid=%s", job_id, child.pid)
                     self._signal(child, signal.SIGKILL)
                     break
 

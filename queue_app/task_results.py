@@ -10,14 +10,14 @@ import traceback
 from dataclasses import replace
 
 from django.db import router
-from django.tasks import TaskContext, TaskResult, TaskResultStatus
+from django.tasks import TaskResult, TaskResultStatus
 from django.tasks.base import TaskError
 from django.tasks.exceptions import InvalidTask
 from django.tasks.signals import task_finished, task_started
 from django.utils import timezone
 from django.utils.json import normalize_json
 
-from queue_app import validation
+from queue_app import running, validation
 from queue_app.exceptions import InvalidJob
 from queue_app.models import Event, EventType, Job, State
 
@@ -190,7 +190,8 @@ def run(job, task):
     task_started.send(sender=sender, task_result=result)
     try:
         if task.takes_context:
-            value = task.call(TaskContext(task_result=result), *args, **kwargs)
+            # Django's TaskContext plus cancelled() / progress() / set_metadata().
+            value = task.call(running.JobTaskContext(task_result=result), *args, **kwargs)
         else:
             value = task.call(*args, **kwargs)
     except Exception as exc:

@@ -11,6 +11,7 @@ overran, and to settle what a child that died had in hand. Everything else goes
 through the database. How an idle child waits (poll, or LISTEN) is wakeup.py.
 """
 import ctypes
+import functools
 import logging
 import os
 import signal
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 
 from django.db import close_old_connections, connection, connections
 
-from queue_app import capture, execution, transitions, validation
+from queue_app import capture, execution, running, transitions, validation
 from queue_app.conf import settings
 from queue_app.exceptions import UnknownKind
 from queue_app.wakeup import Waiter
@@ -199,11 +200,13 @@ class Loop:
             # This job may get the process killed: settle the finished ones first.
             self._flush_acks()
         self.slots.start(i, job.id, job.attempts, timeout)
+        # The supervisor flags an abort request in this thread's cell (aborting.py).
+        probe = functools.partial(self.slots.abort_requested, i, job.id)
         try:
-            if self.options.batch > 1:
-                self._execute_batched(job)
+            if self.options.batch > 1 and not execution.settles_alone(job):
+                self._execute_batched(job, probe)
             else:
-                execution.execute(job, self.owner)
+                execution.execute(job, self.owner, abort_probe=probe)
         except Exception:
             # Settling failed (database gone?): the lease lapses and recovery takes it back.
             log.exception("could not settle id=%s worker=%s", job.id, self.owner)
@@ -212,14 +215,17 @@ class Loop:
             self.slots.clear(i)
             self.slots.add_done()
 
-    def _execute_batched(self, job):
+    def _execute_batched(self, job, abort_probe=None):
         """execution.execute(), except that a success is acknowledged with others in one
         transaction (complete_many). A job is never reported done before its handler
         returned; a crash before the flush means those jobs run again (at-least-once)."""
         output = capture.Capture()  # as execute(): per thread, kept with the attempt
         try:
             with output:
-                value = execution.call_handler(job)
+                value = execution.call_handler(job, worker_id=self.owner, abort_probe=abort_probe)
+        except running.Aborted as exc:
+            execution.aborted(job, self.owner, exc)
+            return
         except UnknownKind as exc:
             # As execute(): retrying cannot help until a handler is deployed.
             self._fail(job, exc, retry=False, output=output.value())

@@ -1,11 +1,13 @@
 """manage.py cancel: cancel a pending or running job."""
-from queue_app import cli, transitions
+from queue_app import aborting, cli
 from queue_app.exceptions import InvalidTransition, JobNotFound
 
 
 class Command(cli.QueueCommand):
-    help = ("Cancel a pending job, or a leased one (its worker's result is then refused). "
-            "The job's idempotency key is released.")
+    help = ("Cancel a pending job at once, or ask the worker running a leased one to abort it: "
+            "the handler sees current_job().cancelled(), and a handler still running after "
+            "ABORT_GRACE_SECONDS has its worker process killed. Either way the job ends cancelled "
+            "and its idempotency key is released.")
     epilog = """examples:
   manage.py cancel 42
   manage.py cancel 42 --reason "sent by mistake"
@@ -14,11 +16,11 @@ Exit status 2 if the job does not exist or has already finished (nothing is writ
 
     def add_arguments(self, parser):
         parser.add_argument("job_id", type=cli.job_id, metavar="ID", help="The job's id.")
-        parser.add_argument("--reason", default="", help="Stored on the cancelled event.")
+        parser.add_argument("--reason", default="", help="Stored on the cancelled (or abort_requested) event.")
 
     def handle(self, *args, **o):
         try:
-            job = transitions.cancel(o["job_id"], actor="cli", reason=o["reason"])
+            job = aborting.cancel(o["job_id"], actor="cli", reason=o["reason"])
         except (JobNotFound, InvalidTransition) as exc:
             raise cli.bad_input(str(exc)) from None
-        self.stdout.write(f"cancelled job {job.id} ({job.kind})")
+        self.stdout.write(aborting.describe(job))
