@@ -191,8 +191,9 @@ class Supervisor:
         self.generations[slot] += 1
         gen = self.generations[slot]
         owner = f"{self.options.name}/{slot}.{gen}"
-        # Batched acks flush at `batch` pending, so at most batch + threads - 1 wait at once.
-        acks = self.options.batch + self.options.threads if self.options.batch > 1 else 0
+        # Batched acks flush at `batch` pending, so at most batch + threads - 1 fill while
+        # as many wait for the one flush in flight to commit (worker.Loop.flush_lock).
+        acks = 2 * (self.options.batch + self.options.threads) if self.options.batch > 1 else 0
         slots = Slots(self.options.threads, acks)
         # No socket or SQLite handle may be shared across the fork.
         connections.close_all()

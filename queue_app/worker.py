@@ -123,6 +123,9 @@ class Loop:
         self.acks = []
         self.acks_since = 0.0
         self.ack_lock = threading.Lock()
+        # One acknowledgement in flight at a time: its jobs keep their Slots cells until it
+        # commits, and Slots has room for one batch in flight and one filling.
+        self.flush_lock = threading.Lock()
         self.claim_errors = 0
 
     def run(self):
@@ -265,6 +268,10 @@ class Loop:
             connection.close()
 
     def _flush_acks(self):
+        with self.flush_lock:
+            self._flush_acks_locked()
+
+    def _flush_acks_locked(self):
         with self.ack_lock:
             acks, self.acks = self.acks, []
         if not acks:
