@@ -29,7 +29,7 @@ import time
 
 from django.db import connections
 
-from queue_app import aborting, flow, scheduling, transitions, workers
+from queue_app import aborting, flow, scheduling, task_results, transitions, workers
 from queue_app.conf import settings
 from queue_app.slots import Budget, Slots
 from queue_app.worker import child_main
@@ -264,7 +264,9 @@ class Supervisor:
             else:
                 error = _crash_error(how)
                 log.warning("crashed id=%s attempt=%s worker=%s: child %s", job_id, attempt, child.owner, how)
-            self._guard(transitions.fail, job_id, worker_id=child.owner, attempt=attempt, error=error)
+            if self._guard(transitions.fail, job_id, worker_id=child.owner, attempt=attempt, error=error):
+                # A django.tasks job's child sent task_started and died: task_finished is sent here.
+                self._guard(task_results.finished_elsewhere, job_id)
         self._settle_unacked(child, how)
         # Claimed but never started: give them back without spending an attempt.
         for owner, held in self._guard(workers.leased_by, self.options.name, default={}).items():

@@ -6,7 +6,7 @@ attempt (a ``released`` one gives it back), each ``failed``, ``dead_lettered`` o
 spans operator requeues, so ``attempt`` keeps counting after one.
 """
 import builtins
-import traceback
+import logging
 from dataclasses import replace
 
 from django.db import router
@@ -14,12 +14,13 @@ from django.tasks import TaskResult, TaskResultStatus
 from django.tasks.base import TaskError
 from django.tasks.exceptions import InvalidTask
 from django.tasks.signals import task_finished, task_started
-from django.utils import timezone
 from django.utils.json import normalize_json
 
-from queue_app import running, validation
-from queue_app.exceptions import InvalidJob
+from queue_app import registry, running, validation
+from queue_app.exceptions import InvalidJob, UnknownKind
 from queue_app.models import Event, EventType, Job, State
+
+log = logging.getLogger("queue_app")
 
 STATUS = {
     State.PENDING: TaskResultStatus.READY,
@@ -171,53 +172,64 @@ def _backend_for(task, db):
     return task.backend, DatabaseBackend
 
 
-def _set(result, **values):
-    # TaskResult is frozen; Django's own backends update it this way too.
-    for name, value in values.items():
-        object.__setattr__(result, name, value)
-
-
 def run(job, task):
-    """Run a claimed Task job: call its function and fire task_started / task_finished.
+    """Run a claimed Task job: fire task_started and call its function.
 
-    task_finished fires when the call returns or raises, with the status the job is
-    about to get: SUCCESSFUL, READY (a retry is coming) or FAILED (dead-lettered). It is
-    sent inside the exception handler, so receivers (and Django's logger) see exc_info.
+    task_finished is not sent here but by finished(), once the caller has recorded the
+    outcome, so it carries the status the row really has. ``job`` remembers that its
+    task started, for finished() to know.
     """
     args, kwargs = arguments(job)
     alias, sender = _backend_for(task, _db(job))
     result = from_job(job, task, alias)
     task_started.send(sender=sender, task_result=result)
+    job._task_started = (task, alias, sender)
+    if task.takes_context:
+        # Django's TaskContext plus cancelled() / progress() / set_metadata().
+        value = task.call(running.JobTaskContext(task_result=result), *args, **kwargs)
+    else:
+        value = task.call(*args, **kwargs)
     try:
-        if task.takes_context:
-            # Django's TaskContext plus cancelled() / progress() / set_metadata().
-            value = task.call(running.JobTaskContext(task_result=result), *args, **kwargs)
-        else:
-            value = task.call(*args, **kwargs)
-    except Exception as exc:
-        error = {"type": _exc_type(exc), "message": str(exc), "traceback": traceback.format_exc()}
-        result.errors.append(task_error(error))
-        retrying = job.attempts < job.max_attempts
-        _finish(result, sender, TaskResultStatus.READY if retrying else TaskResultStatus.FAILED)
-        raise
-    try:
-        value = validation.payload(normalize_json(value), "the task's return value")
-    except (TypeError, ValueError, InvalidJob) as exc:
-        # execute() dead-letters a value the result column cannot hold; say so now.
-        result.errors.append(task_error({"type": _exc_type(exc), "message": str(exc), "traceback": ""}))
-        _finish(result, sender, TaskResultStatus.FAILED)
+        return validation.payload(normalize_json(value), "the task's return value")
+    except (TypeError, ValueError, InvalidJob):
+        # Handed back as it is: recording it fails, and execute() dead-letters the job.
         return value
-    _set(result, _return_value=value)
-    _finish(result, sender, TaskResultStatus.SUCCESSFUL)
-    return value
 
 
-def _exc_type(exc):
-    cls = type(exc)
-    return f"{cls.__module__}.{cls.__qualname__}"
+def finished(job, *, using=None):
+    """Send task_finished for a Task job whose attempt run() started in this process,
+    after its outcome was recorded: the TaskResult is read back from the row.
+
+    Call it inside the exception handler when the attempt raised, so receivers (and
+    Django's logger) see exc_info. Nothing is sent for a job run() did not start.
+    """
+    started = job.__dict__.pop("_task_started", None)
+    if started is not None:
+        _send_finished(job.id, *started, using=using or _db(job))
 
 
-def _finish(result, sender, status):
-    finished = status in (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED)
-    _set(result, status=status, finished_at=timezone.now() if finished else None)
-    task_finished.send(sender=sender, task_result=result)
+def finished_elsewhere(job_id, *, using=None):
+    """Send task_finished for a Task job whose process died running it (the supervisor
+    failed it after a timeout kill or a crash). Return whether it was a Task job."""
+    db = using or router.db_for_write(Job)
+    kind = Job.objects.using(db).filter(id=job_id).values_list("kind", flat=True).first()
+    if kind is None:
+        return False
+    try:
+        task = registry.get(kind)
+    except UnknownKind:
+        return False
+    if not registry.is_task(task):
+        return False
+    _send_finished(job_id, task, *_backend_for(task, db), using=db)
+    return True
+
+
+def _send_finished(job_id, task, alias, sender, *, using):
+    job = Job.objects.using(using).filter(id=job_id).first()
+    if job is None:  # pruned meanwhile: nothing to report
+        return
+    # The outcome is already recorded; a receiver's error must not look like the task's.
+    for receiver, response in task_finished.send_robust(sender=sender, task_result=from_job(job, task, alias)):
+        if isinstance(response, Exception):
+            log.error("task_finished receiver %r failed for job %s", receiver, job_id, exc_info=response)

@@ -82,3 +82,20 @@ async def async_nap(seconds):
 @task(backoff={"base": 5, "max": 60, "jitter": False})
 def with_backoff():
     return None
+
+
+@task
+def exits(code=3):
+    raise SystemExit(code)
+
+
+@task
+def interrupts():
+    raise KeyboardInterrupt
+
+
+@task
+def crashes():
+    import os
+
+    os._exit(13)

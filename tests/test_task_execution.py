@@ -338,3 +338,199 @@ def test_a_task_past_its_timeout_is_killed_and_reported_as_a_timeout_error():
     [error] = stuck.errors
     assert error.exception_class is TimeoutError
     assert "0.3s timeout" in error.traceback
+
+
+# --- task_finished after the outcome is recorded ------------------------------------------------
+
+
+@pytest.fixture
+def row_status_at_finish():
+    """What a task_finished receiver sees when it reads the job back through the backend."""
+    seen = []
+
+    def receiver(sender, task_result, **kwargs):
+        seen.append((task_result.status, default_task_backend.get_result(task_result.id).status))
+
+    task_finished.connect(receiver, dispatch_uid="row_status_at_finish")
+    yield seen
+    task_finished.disconnect(dispatch_uid="row_status_at_finish")
+
+
+def test_a_task_finished_receiver_reading_the_row_sees_the_final_status(row_status_at_finish):
+    tasks.add.enqueue(1, 2)
+    run()
+    flaky = tasks.fail.using(max_attempts=2).enqueue()
+    run()
+    retry(Job.objects.get(id=int(flaky.id)))
+    run()
+    tasks.returns_set.enqueue()
+    run()
+    assert row_status_at_finish == [
+        (TaskResultStatus.SUCCESSFUL, TaskResultStatus.SUCCESSFUL),
+        (TaskResultStatus.READY, TaskResultStatus.READY),
+        (TaskResultStatus.FAILED, TaskResultStatus.FAILED),
+        (TaskResultStatus.FAILED, TaskResultStatus.FAILED),
+    ]
+
+
+def test_task_finished_comes_after_the_outcome_event_and_carries_the_rows_result(signals):
+    from queue_app.models import Event, EventType
+
+    events_at_finish = []
+
+    def count_events(sender, task_result, **kwargs):
+        events_at_finish.append(
+            list(Event.objects.filter(job_id=int(task_result.id)).order_by("id").values_list("type", flat=True))
+        )
+
+    task_finished.connect(count_events, dispatch_uid="events_at_finish")
+    try:
+        result = tasks.add.enqueue(20, 22)
+        run()
+    finally:
+        task_finished.disconnect(dispatch_uid="events_at_finish")
+    assert events_at_finish == [[EventType.ENQUEUED, EventType.CLAIMED, EventType.COMPLETED]]
+    [finished] = [s for s in signals if s["signal"] == "finished"]
+    assert (finished["status"], finished["value"]) == (TaskResultStatus.SUCCESSFUL, 42)
+    assert [s["signal"] for s in signals] == ["started", "finished"]
+    assert {s["id"] for s in signals} == {result.id}
+
+
+def test_a_failing_task_finished_receiver_does_not_undo_the_recorded_outcome(caplog):
+    def broken(sender, task_result, **kwargs):
+        raise RuntimeError("receiver bug")
+
+    task_finished.connect(broken, dispatch_uid="broken_receiver")
+    try:
+        result = tasks.add.enqueue(1, 1)
+        job = run()
+    finally:
+        task_finished.disconnect(dispatch_uid="broken_receiver")
+    assert job.state == State.COMPLETED and job.result == 2
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.errors == []
+    assert "task_finished receiver" in caplog.text and "receiver bug" in caplog.text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_task_finished_fires_only_once_the_outcome_is_committed():
+    import threading
+
+    from django.db import connection
+
+    seen_elsewhere = []
+
+    def from_another_connection(sender, task_result, **kwargs):
+        # A new thread has its own connection: it sees only what was committed.
+        def read():
+            try:
+                seen_elsewhere.append(Job.objects.get(id=int(task_result.id)).state)
+            finally:
+                connection.close()
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        reader.join()
+
+    task_finished.connect(from_another_connection, dispatch_uid="committed")
+    try:
+        tasks.add.enqueue(2, 2)
+        run()
+        tasks.fail.using(max_attempts=1).enqueue()
+        run()
+    finally:
+        task_finished.disconnect(dispatch_uid="committed")
+    assert seen_elsewhere == [State.COMPLETED, State.DEAD_LETTER]
+
+
+# --- SystemExit / KeyboardInterrupt fail the attempt -----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("task", "message"),
+    [(tasks.exits, "the handler raised SystemExit(3)"), (tasks.interrupts, "the handler raised KeyboardInterrupt()")],
+)
+def test_a_task_raising_system_exit_or_keyboard_interrupt_fails_its_attempt(task, message, signals):
+    from queue_app.execution import HandlerExit
+
+    result = task.using(max_attempts=1).enqueue()
+    job = run()  # returns: the exception did not escape the worker
+    assert job.state == State.DEAD_LETTER
+    assert job.last_error["type"] == "queue_app.execution.HandlerExit"
+    assert job.last_error["message"] == message
+    result.refresh()
+    [error] = result.errors
+    assert error.exception_class is HandlerExit
+    finished = [s for s in signals if s["signal"] == "finished"]
+    assert [(s["status"], s["exc_info"]) for s in finished] == [(TaskResultStatus.FAILED, HandlerExit)]
+
+
+def test_a_plain_handler_calling_sys_exit_fails_its_attempt_and_retries():
+    def leaves(payload):
+        sys.exit("bye")
+
+    registry.register("test-sys-exit", leaves)
+    try:
+        enqueueing.enqueue("test-sys-exit", {}, max_attempts=2)
+        job = run()
+    finally:
+        registry.unregister("test-sys-exit")
+    assert job.state == State.PENDING and job.attempts == 1
+    assert job.last_error["message"] == "the handler raised SystemExit('bye')"
+    assert "SystemExit: bye" in job.last_error["traceback"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sys_exit_in_a_task_leaves_the_worker_child_running_batched_or_not():
+    from tests.worker_support import run_worker
+
+    for batch in (1, 4):
+        exits = tasks.exits.using(max_attempts=1).enqueue(0)
+        after = tasks.add.enqueue(batch, 1)
+        # One child, one thread: had the exit escaped, the child would be replaced and
+        # the job failed as a crash, not with the handler's SystemExit.
+        assert run_worker(burst=True, concurrency=1, threads=1, batch=batch, poll=0.02) == 0
+        exits.refresh()
+        after.refresh()
+        assert exits.status == TaskResultStatus.FAILED
+        assert exits.errors[0].exception_class_path == "queue_app.execution.HandlerExit"
+        assert (after.status, after.return_value) == (TaskResultStatus.SUCCESSFUL, batch + 1)
+
+
+# --- task_finished from the supervisor: timeouts and crashes ------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_supervisor_sends_task_finished_for_a_task_killed_for_its_timeout_or_crashed(tmp_path):
+    from tests.worker_support import run_worker
+
+    log = tmp_path / "signals"
+
+    def note(signal, sender, task_result, **kwargs):
+        # Inherited by the forked supervisor and its children; the row as the receiver reads it.
+        name = "started" if signal is task_started else "finished"
+        row = default_task_backend.get_result(task_result.id).status
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()} {task_result.id} {name} {task_result.status} {row}\n")
+
+    task_started.connect(note, dispatch_uid="supervisor_finished")
+    task_finished.connect(note, dispatch_uid="supervisor_finished")
+    try:
+        stuck = tasks.spin.using(timeout=0.3, max_attempts=1).enqueue(60)
+        crashed = tasks.crashes.using(max_attempts=2, backoff={"base": 100}).enqueue()
+        assert run_worker(burst=True, concurrency=1, batch=4, poll=0.02) == 0
+    finally:
+        task_started.disconnect(dispatch_uid="supervisor_finished")
+        task_finished.disconnect(dispatch_uid="supervisor_finished")
+    lines = [line.split() for line in log.read_text().splitlines()]
+    by_job = {}
+    for pid, job_id, name, status, row in lines:
+        by_job.setdefault(job_id, []).append((name, status, row))
+    assert by_job[stuck.id] == [("started", "RUNNING", "RUNNING"), ("finished", "FAILED", "FAILED")]
+    # A crash with an attempt left: READY, and the retry waits out the task's own backoff.
+    assert by_job[crashed.id] == [("started", "RUNNING", "RUNNING"), ("finished", "READY", "READY")]
+    started_in = {pid for pid, _, name, _, _ in lines if name == "started"}
+    finished_in = {pid for pid, _, name, _, _ in lines if name == "finished"}
+    assert not started_in & finished_in, "task_finished comes from the supervisor, not the dead child"
+    job = Job.objects.get(id=int(crashed.id))
+    assert job.run_at - timezone.now() > timedelta(seconds=90)
