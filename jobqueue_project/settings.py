@@ -25,6 +25,9 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    # Only for its templates and static files: /api/docs then loads Swagger UI from here,
+    # not from a CDN.
+    "ninja",
     "queue_app",
 ]
 

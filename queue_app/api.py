@@ -10,8 +10,7 @@ from datetime import datetime
 from functools import wraps
 from typing import Any, Literal
 
-from django.http import HttpRequest, HttpResponseNotAllowed
-from django.shortcuts import get_object_or_404
+from django.http import Http404, HttpRequest, HttpResponseNotAllowed
 from ninja import Body, Field, NinjaAPI, Path, Query, Schema, Status
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.openapi.docs import Swagger
@@ -166,14 +165,10 @@ def _http_error(request, exc):
     return _error(request, exc.status_code, str(exc))
 
 
-@api.exception_handler(Exception)
-def _unexpected(request, exc):
-    # The Http404 of get_object_or_404 arrives here too.
-    from django.http import Http404
-
-    if isinstance(exc, Http404):
-        return _error(request, 404, str(exc) or "not found")
-    raise exc
+@api.exception_handler(Http404)
+def _no_such_object(request, exc):
+    # Replaces ninja's own {"detail": ...} for Http404.
+    return _error(request, 404, str(exc) or "not found")
 
 
 # --- schemas ------------------------------------------------------------------------------
@@ -479,7 +474,9 @@ def list_dead_letters(
 def replay_dead_letter(request: HttpRequest, letter_id: int = Path(..., ge=1, le=MAX_ID)):
     """Requeue the dead letter's job; 409 when it was already resolved."""
     actor = _need(request, "queue_app.change_job")
-    letter = get_object_or_404(DeadLetter, id=letter_id)
+    letter = DeadLetter.objects.filter(id=letter_id).first()
+    if letter is None:
+        raise Http404(f"dead letter {letter_id} does not exist")
     if letter.resolved_at is not None:
         message = f"dead letter {letter_id} was already {letter.resolution or 'resolved'}"
         return Status(409, {"error": message, "field": None})

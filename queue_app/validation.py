@@ -21,7 +21,8 @@ from queue_app.models import (
     QUEUE_NAME_MAX_LENGTH,
 )
 
-NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:\-]*$")
+# \Z, not $: $ also matches before a trailing newline.
+NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:\-]*\Z")
 # Farther than this is a typo, not a schedule.
 MAX_SCHEDULE_AHEAD = timedelta(days=3650)
 # Per-job backoff bounds: a base above 100 reaches any cap within a few attempts, and a
@@ -92,11 +93,42 @@ def name(value, field, max_length):
     return value
 
 
+def text(value, field):
+    """A string every database can store: PostgreSQL refuses NUL in text and jsonb, and
+    no driver can send an unpaired UTF-16 surrogate (a lone half of an escaped pair)."""
+    if "\x00" in value:
+        raise InvalidJob(f"{field} may not contain the NUL character (\\u0000)", field)
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidJob(f"{field} holds an unpaired UTF-16 surrogate; send valid Unicode", field) from None
+    return value
+
+
+def _json_text(value, field):
+    """Check every string (keys too) in a JSON value, without recursion."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            text(item, field)
+        elif isinstance(item, dict):
+            for k, v in item.items():
+                if isinstance(k, str):
+                    text(k, field)
+                stack.append(v)
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+
+
 def payload(value, field="payload"):
     try:
         encoded = json.dumps(value, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError) as exc:
         raise InvalidJob(f"{field} is not JSON-serializable: {exc}", field) from None
+    except RecursionError:
+        raise InvalidJob(f"{field} is nested too deeply", field) from None
+    _json_text(value, field)
     size = len(encoded.encode())
     if size > settings.MAX_PAYLOAD_BYTES:
         raise InvalidJob(
@@ -178,6 +210,7 @@ def idempotency_key(value):
         return None
     if not isinstance(value, str) or not value:
         raise InvalidJob("idempotency_key must be a non-empty string", "idempotency_key")
+    text(value, "idempotency_key")
     if len(value) > IDEMPOTENCY_KEY_MAX_LENGTH:
         raise InvalidJob(
             f"idempotency_key is {len(value)} characters; the limit is {IDEMPOTENCY_KEY_MAX_LENGTH}",
@@ -243,7 +276,7 @@ def enqueue_request(kind, payload_value=None, /, now=None, **options):
     if hook is not None:
         from queue_app import webhooks
 
-        hook = webhooks.check_url(hook)
+        hook = webhooks.check_url(text(hook, "webhook_url") if isinstance(hook, str) else hook)
     return EnqueueRequest(
         kind=name(kind, "kind", KIND_MAX_LENGTH),
         payload=payload({} if payload_value is None else payload_value),
