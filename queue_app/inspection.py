@@ -69,6 +69,10 @@ def job_dict(job, now=None):
         "timeout": job.timeout,
         "result": job.result,
         "last_error": job.last_error,
+        "progress": job.progress,
+        "progress_message": job.progress_message,
+        "metadata": job.metadata,
+        "cancel_requested_at": job.cancel_requested_at,
     }
 
 

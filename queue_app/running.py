@@ -18,18 +18,19 @@ functions, whose ``takes_context`` context also has these methods (JobTaskContex
 Threads a handler starts itself do not inherit it: pass the object along.
 
 Progress is not a transition: no Event, just the last value on the row, written at
-most once per PROGRESS_INTERVAL (the latest value always lands when the handler
-ends), and only while this worker still holds the lease.
+most once per PROGRESS_INTERVAL (a held-back value by a timer when the interval is up,
+and at once when the handler ends), and only while this worker holds the lease.
 """
 import contextvars
 import logging
 import math
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from numbers import Real
 
-from django.db import router
+from django.db import connection, router
 from django.tasks import TaskContext
 
 from queue_app import validation
@@ -73,6 +74,11 @@ class JobContext:
         self._metadata = dict(job.metadata or {})
         self._dirty = False
         self._written_at = -math.inf
+        # A held-back update is written by a timer when its interval is up, so a handler
+        # that reports and then blocks for an hour still shows what it reported.
+        self._lock = threading.Lock()
+        self._timer = None
+        self._closed = False
 
     # --- abort -----------------------------------------------------------------------------
 
@@ -121,15 +127,37 @@ class JobContext:
     def metadata(self):
         return dict(self._metadata)
 
-    def flush(self):
-        """Write what the throttle held back (the worker calls this when the handler ends)."""
-        if self._dirty:
-            self._write()
+    def close(self):
+        """Write what the throttle held back; called when the handler ends."""
+        with self._lock:
+            self._closed = True
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            if self._dirty:
+                self._write()
 
     def _changed(self):
-        self._dirty = True
-        if time.monotonic() - self._written_at >= float(settings.PROGRESS_INTERVAL):
-            self._write()
+        with self._lock:
+            self._dirty = True
+            wait = self._written_at + float(settings.PROGRESS_INTERVAL) - time.monotonic()
+            if wait <= 0:
+                self._write()
+            elif self._timer is None:
+                self._timer = threading.Timer(wait, self._write_later)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def _write_later(self):
+        try:
+            with self._lock:
+                self._timer = None
+                if self._dirty and not self._closed:
+                    self._write()
+        except Exception:
+            log.exception("could not write progress id=%s", self.job_id)
+        finally:
+            connection.close()  # this timer thread's own connection
 
     def _write(self):
         # Only while this worker holds this attempt: a stale worker cannot overwrite the row.
@@ -180,7 +208,7 @@ def settle(ctx, error=None):
     """After the handler ended: write held-back progress, and raise Aborted if the job's
     abort was requested (``error`` is what it raised, if anything)."""
     try:
-        ctx.flush()
+        ctx.close()
     except Exception:
         # Progress is advisory; losing the last update must not lose the outcome.
         log.exception("could not write the last progress id=%s", ctx.job_id)

@@ -36,6 +36,13 @@ traceback}}], dead_letters [...]. Exit status 2 if the job does not exist."""
                       f"finished {cli.when(j['finished_at'])}")
         if j["state"] == "completed":
             console.print(f"result: {cli.compact(j['result'])}", markup=False)
+        if j["progress"] is not None:
+            note = f" ({j['progress_message']})" if j["progress_message"] else ""
+            console.print(f"progress: {j['progress']:g}%{note}", markup=False)
+        if j["metadata"]:
+            console.print(f"metadata: {cli.compact(j['metadata'])}", markup=False)
+        if j["cancel_requested_at"]:
+            console.print(f"abort requested {cli.when(j['cancel_requested_at'])}", markup=False)
         t = cli.table("AT", "EVENT", "TRY", "FROM", "TO", "WORKER", "MESSAGE", title="Timeline")
         for e in data["events"]:
             t.add_row(cli.when(e["at"]), e["type"], str(e["attempt"]), e["from_state"], e["to_state"],
