@@ -14,9 +14,9 @@ from django.db.models.functions import Cast
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
-from queue_app import dashboard, operations, scheduling, validation
+from queue_app import capture, dashboard, operations, scheduling, validation
 from queue_app.conf import settings
 from queue_app.exceptions import InvalidJob
 from queue_app.models import DeadLetter, Event, Job, KindLimit, Pause, Schedule, Worker
@@ -79,9 +79,18 @@ class _ReadOnlyInline(admin.TabularInline):
 
 class EventInline(_ReadOnlyInline):
     model = Event
-    fields = ["at", "type", "from_state", "to_state", "attempt", "worker", "message", "metadata"]
+    fields = ["at", "type", "from_state", "to_state", "attempt", "worker", "message", "captured_output", "metadata"]
     readonly_fields = fields
     ordering = ["id"]
+
+    @admin.display(description="output")
+    def captured_output(self, event):
+        """What the attempt's handler printed and logged (capture.py), one block per stream."""
+        return format_html_join(
+            "", '<div><strong>{}</strong>{}<pre style="white-space: pre-wrap; max-height: 16em; overflow: auto">{}</pre></div>',
+            ((name, f" (last part; {dropped} bytes dropped)" if dropped else "", text)
+             for name, text, dropped in capture.streams((event.metadata or {}).get("output"))),
+        )
 
 
 class DeadLetterInline(_ReadOnlyInline):

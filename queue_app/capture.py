@@ -118,12 +118,9 @@ class _Tail:
 
     def value(self):
         data = "".join(self.chunks).encode("utf-8", "replace")
-        dropped = self.dropped
-        if len(data) > self.limit:
-            dropped += len(data) - self.limit
-            data = data[-self.limit :]
         # A cut through a multi-byte character loses that character, not the text.
-        return data.decode("utf-8", "ignore"), dropped
+        text = data[-self.limit :].decode("utf-8", "ignore")
+        return text, self.dropped + len(data) - len(text.encode("utf-8"))
 
 
 class Capture:
@@ -184,3 +181,11 @@ def write(stream, text):
         return False
     capture.write(stream, text)
     return True
+
+
+def streams(output):
+    """[(stream, text, bytes dropped from its start)] of a stored ``value()``, in order."""
+    if not isinstance(output, dict):
+        return []
+    truncated = output.get("truncated") or {}
+    return [(name, output[name], truncated.get(name, 0)) for name in STREAMS if output.get(name)]

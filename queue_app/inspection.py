@@ -179,7 +179,7 @@ def history(job_id):
     for e in events:
         if e.type == EventType.CLAIMED:
             current = {"attempt": e.attempt, "worker": e.worker, "started_at": e.at, "finished_at": None,
-                       "outcome": "running", "seconds": None, "result": None, "error": None}
+                       "outcome": "running", "seconds": None, "result": None, "error": None, "output": None}
             attempts.append(current)
         elif current is not None and e.type in (
             EventType.COMPLETED, EventType.FAILED, EventType.DEAD_LETTERED,
@@ -189,6 +189,8 @@ def history(job_id):
             current["seconds"] = round((e.at - current["started_at"]).total_seconds(), 3)
             current["outcome"] = e.type
             current["error"] = (e.metadata or {}).get("error")
+            # What the handler printed and logged (capture.py), when it printed anything.
+            current["output"] = (e.metadata or {}).get("output")
             if e.type == EventType.COMPLETED:
                 # Only the last completion's value is stored on the job.
                 current["result"] = job.result

@@ -1,5 +1,5 @@
 """manage.py history: a job and its whole event timeline."""
-from queue_app import cli, inspection
+from queue_app import capture, cli, inspection
 from queue_app.exceptions import JobNotFound
 
 
@@ -11,7 +11,9 @@ class Command(cli.QueueCommand):
 
 --json prints one object: job {...}, events [...] (oldest first), attempts [{attempt,
 worker, started_at, finished_at, seconds, outcome, result, error {type, message,
-traceback}}], dead_letters [...]. Exit status 2 if the job does not exist."""
+traceback}, output {stdout, stderr, log, truncated {stream: bytes dropped}} or null}],
+dead_letters [...]. Output is what the handler printed and logged in that attempt (the
+last OUTPUT_MAX_BYTES of each stream). Exit status 2 if the job does not exist."""
 
     def add_arguments(self, parser):
         parser.add_argument("job_id", type=cli.job_id, metavar="ID", help="The job's id.")
@@ -58,3 +60,7 @@ traceback}}], dead_letters [...]. Exit status 2 if the job does not exist."""
                     console.print("    " + trace.replace("\n", "\n    "), markup=False, highlight=False)
             elif a["result"] is not None:
                 console.print(f"  result: {cli.compact(a['result'])}", markup=False)
+            for stream, text, dropped in capture.streams(a["output"]):
+                cut = f" (the last part; {dropped} earlier bytes dropped)" if dropped else ""
+                console.print(f"  {stream}{cut}:", markup=False)
+                console.print("    " + text.rstrip("\n").replace("\n", "\n    "), markup=False, highlight=False)
