@@ -4,7 +4,8 @@
         .venv/bin/python benchmarks/metrics_scrape.py [--jobs N] [--events-per-job K]
 
 Creates and migrates the database named in DATABASE_URL (it is emptied first), seeds
-it with INSERT ... SELECT generate_series, then prints the time of the first scrape
+it with INSERT ... SELECT generate_series (--reuse: keep a database seeded before and
+only migrate it), then prints the time of the first scrape
 (which counts the existing event history once), of steady-state scrapes, and of a
 scrape after 10,000 new events.
 """
@@ -80,6 +81,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=1_000_000)
     parser.add_argument("--events-per-job", type=int, default=5)
+    parser.add_argument("--reuse", action="store_true", help="keep the seeded database; only migrate it")
     args = parser.parse_args()
 
     import django
@@ -90,16 +92,20 @@ def main():
 
     from queue_app import metrics
 
-    recreate_database()
+    if not args.reuse:
+        recreate_database()
     call_command("migrate", verbosity=0)
     start = time.perf_counter()
     with connection.cursor() as cursor:
-        seed(cursor, args.jobs, args.events_per_job)
+        if args.reuse:
+            cursor.execute("ANALYZE")
+        else:
+            seed(cursor, args.jobs, args.events_per_job)
         cursor.execute("SELECT count(*) FROM queue_app_job")
         jobs = cursor.fetchone()[0]
         cursor.execute("SELECT count(*) FROM queue_app_event")
         events = cursor.fetchone()[0]
-    print(f"seeded {jobs:,} jobs and {events:,} events in {time.perf_counter() - start:.1f}s")
+    print(f"{'found' if args.reuse else 'seeded'} {jobs:,} jobs and {events:,} events in {time.perf_counter() - start:.1f}s")
 
     first = timed(metrics.render)
     print(f"first scrape (folds the {events:,}-event history once): {first * 1000:.0f} ms")
