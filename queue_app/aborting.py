@@ -32,7 +32,8 @@ def cancel(job_id, *, actor="", reason="", using=None):
     db = using or router.db_for_write(Job)
     with transaction.atomic(using=db):
         # Locked so that a claim cannot slip between reading the state and the edge.
-        state = Job.objects.using(db).select_for_update().filter(id=job_id).values_list("state", flat=True).first()
+        locked = Job.objects.using(db).select_for_update().filter(id=job_id)
+        state = locked.values_list("state", flat=True).first()
         if state == State.LEASED:
             return transitions.request_abort(job_id, actor=actor, reason=reason, using=db)
         return transitions.cancel(job_id, actor=actor, reason=reason, using=db)

@@ -168,7 +168,8 @@ class JobContext:
         self._written_at = time.monotonic()
         if not changed and not self._lost:
             self._lost = True
-            log.warning("progress not written id=%s worker=%s: the lease is gone", self.job_id, self.worker_id)
+            log.warning("progress not written id=%s worker=%s: the lease is gone",
+                        self.job_id, self.worker_id)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
