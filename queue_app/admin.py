@@ -79,7 +79,9 @@ class _ReadOnlyInline(admin.TabularInline):
 
 class EventInline(_ReadOnlyInline):
     model = Event
-    fields = ["at", "type", "from_state", "to_state", "attempt", "worker", "message", "captured_output", "metadata"]
+    fields = [
+        "at", "type", "from_state", "to_state", "attempt", "worker", "message", "captured_output", "metadata",
+    ]
     readonly_fields = fields
     ordering = ["id"]
 
@@ -87,7 +89,9 @@ class EventInline(_ReadOnlyInline):
     def captured_output(self, event):
         """What the attempt's handler printed and logged (capture.py), one block per stream."""
         return format_html_join(
-            "", '<div><strong>{}</strong>{}<pre style="white-space: pre-wrap; max-height: 16em; overflow: auto">{}</pre></div>',
+            "",
+            '<div><strong>{}</strong>{}'
+            '<pre style="white-space: pre-wrap; max-height: 16em; overflow: auto">{}</pre></div>',
             ((name, f" (last part; {dropped} bytes dropped)" if dropped else "", text)
              for name, text, dropped in capture.streams((event.metadata or {}).get("output"))),
         )

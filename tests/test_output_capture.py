@@ -209,7 +209,9 @@ def test_history_shows_each_attempts_output():
     call_command("history", str(job.id), "--json", stdout=out)
     attempts = json.loads(out.getvalue())["attempts"]
     assert [a["outcome"] for a in attempts] == ["failed", "completed"]
-    assert [a["output"] for a in attempts] == [{"stdout": "attempt 1 starting\n"}, {"stdout": "attempt 2 starting\n"}]
+    assert [a["output"] for a in attempts] == [
+        {"stdout": "attempt 1 starting\n"}, {"stdout": "attempt 2 starting\n"},
+    ]
 
     out = StringIO()
     call_command("history", str(job.id), stdout=out)

@@ -63,4 +63,5 @@ last OUTPUT_MAX_BYTES of each stream). Exit status 2 if the job does not exist."
             for stream, text, dropped in capture.streams(a["output"]):
                 cut = f" (the last part; {dropped} earlier bytes dropped)" if dropped else ""
                 console.print(f"  {stream}{cut}:", markup=False)
-                console.print("    " + text.rstrip("\n").replace("\n", "\n    "), markup=False, highlight=False)
+                indented = "    " + text.rstrip("\n").replace("\n", "\n    ")
+                console.print(indented, markup=False, highlight=False)
