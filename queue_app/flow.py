@@ -74,6 +74,25 @@ def current_pauses(using="default"):
     return Pauses(frozenset(queues), frozenset(kinds))
 
 
+def claim_gates(using="default"):
+    """Return (Pauses, limited kinds): what every claim must know, read in one statement.
+
+    The same rows as current_pauses() and active_limits(), without building a model per
+    row: a claim reads this each time (no cache, so a pause or a limit set on any host
+    holds from the next claim on), so it has to cost one small round trip."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            f"SELECT scope, name FROM {Pause._meta.db_table}"
+            f" UNION ALL SELECT 'limit', kind FROM {KindLimit._meta.db_table}"
+            " WHERE concurrency IS NOT NULL OR rate_limit IS NOT NULL"
+        )
+        rows = cursor.fetchall()
+    queues = frozenset(name for scope, name in rows if scope == PauseScope.QUEUE)
+    kinds = frozenset(name for scope, name in rows if scope == PauseScope.KIND)
+    limited = frozenset(name for scope, name in rows if scope == "limit")
+    return Pauses(queues, kinds), limited
+
+
 def _scope(queue, kind):
     if (queue is None) == (kind is None):
         raise InvalidJob("name a queue or a kind (exactly one)", "queue")

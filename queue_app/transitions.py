@@ -32,7 +32,7 @@ from django.db import IntegrityError, connections, router, transaction
 from django.db.models import BooleanField, ExpressionWrapper, Q
 from django.utils import timezone
 
-from queue_app import backoff, chaining, flow, leasing, ordering, validation, webhooks
+from queue_app import backoff, chaining, flow, leasing, ordering, rows, validation, webhooks
 from queue_app.conf import settings
 from queue_app.exceptions import InvalidTransition, JobNotFound
 from queue_app.models import DeadLetter, Event, EventType, Job, State
@@ -203,33 +203,36 @@ def claim(worker_id, *, limit=1, queues=None, kinds=None, lease_seconds=None, ag
     expires = now + timedelta(seconds=lease)
     # Paused queues/kinds are never leased; limited kinds are claimed one by one under
     # their limit row's lock before the main claim (flow.py says why).
-    pauses = flow.current_pauses(db)
-    limits = flow.active_limits(db)
+    pauses, limits = flow.claim_gates(db)
+    at_db = connection.ops.adapt_datetimefield_value(now)
+    meta = {"lease_expires_at": expires.isoformat()}
 
     def lease(n, **filters):
-        ids = leasing.claim(
+        log = None
+        if connection.vendor == "postgresql":
+            # The claimed events go in with the claim itself (leasing.py): one round trip.
+            params = rows.event_params(
+                connection, None, EventType.CLAIMED, at_db, None, worker_id, State.PENDING, State.LEASED, "", meta
+            )
+            select = ", ".join("attempts" if i == 3 else "id" if i == 0 else "%s" for i in range(len(params)))
+            log = (f"INSERT INTO {rows.EVENT_TABLE} ({rows.EVENT_COLUMNS}) SELECT {select}",
+                   [p for i, p in enumerate(params) if i not in (0, 3)])
+        found = leasing.claim(
             connection, owner=worker_id, limit=n, now=now, expires=expires,
             queues=list(queues) if queues else None, aging_us=ordering.aging_microseconds(aging),
-            exclude_queues=pauses.queues, **filters,
+            exclude_queues=pauses.queues, log=log, **filters,
         )
-        if not ids:
+        if not found:
             return []
-        leased = list(Job.objects.using(db).filter(id__in=ids))
-        Event.objects.using(db).bulk_create(
-            [
-                _event(
-                    job.id,
-                    EventType.CLAIMED,
-                    now,
-                    from_state=State.PENDING,
-                    to_state=State.LEASED,
-                    attempt=job.attempts,
-                    worker=worker_id,
-                    metadata={"lease_expires_at": expires.isoformat()},
+        leased = rows.JobReader.on(connection).jobs(found)
+        if log is None:
+            rows.insert_events(connection, [
+                rows.event_params(
+                    connection, job.id, EventType.CLAIMED, at_db, job.attempts, worker_id,
+                    State.PENDING, State.LEASED, "", meta,
                 )
                 for job in leased
-            ]
-        )
+            ])
         return leased
 
     jobs = []
@@ -245,8 +248,12 @@ def claim(worker_id, *, limit=1, queues=None, kinds=None, lease_seconds=None, ag
     excluded = pauses.kinds | set(limits)
     wanted = [k for k in kinds if k not in excluded] if kinds else None
     if len(jobs) < limit and (wanted is None or wanted):
-        with transaction.atomic(using=db):
+        if connection.vendor == "postgresql":
+            # One statement, atomic on its own: no BEGIN/COMMIT round trips around it.
             jobs += lease(limit - len(jobs), kinds=wanted, exclude_kinds=excluded)
+        else:
+            with transaction.atomic(using=db):
+                jobs += lease(limit - len(jobs), kinds=wanted, exclude_kinds=excluded)
     jobs.sort(key=lambda j: ordering.sort_key(j, now, aging))
     return jobs
 
@@ -279,6 +286,96 @@ def _lost(job_id, worker_id, attempt, action):
     )
 
 
+def _event_select(connection, params, computed):
+    """An event row as a select list over a CTE's rows: ``computed`` maps positions in
+    ``params`` (from rows.event_params) to SQL; the rest stay parameters."""
+    select = ", ".join(computed.get(i, "%s") for i in range(len(params)))
+    return select, [p for i, p in enumerate(params) if i not in computed or "%s" in computed[i]]
+
+
+def _which(pairs):
+    """SQL matching exactly the (id, attempts) ``pairs``: one id list per attempt number."""
+    by_attempt = {}
+    for job_id, attempt in pairs:
+        by_attempt.setdefault(attempt, []).append(job_id)
+    parts, params = [], []
+    for attempt, ids in by_attempt.items():
+        parts.append(f"(attempts = %s AND id IN ({', '.join(['%s'] * len(ids))}))")
+        params += [attempt, *ids]
+    return "(" + " OR ".join(parts) + ")", params
+
+
+def _complete_plain(db, done, worker_id, now):
+    """Complete those of ``done`` [(job_id, attempt, result, metadata)] that this worker
+    still holds (same guard as _owned) and that have no follow-up to enqueue (no
+    on_success, no webhook): one UPDATE and one INSERT of their events, in one
+    transaction (on PostgreSQL one statement). Return the ids completed; the caller
+    settles the rest the long way, which also tells a lost lease from a follow-up."""
+    connection = connections[db]
+    at_db = connection.ops.adapt_datetimefield_value(now)
+    guard = "state = 'leased' AND lease_owner = %s AND on_success IS NULL AND webhook_url IS NULL"
+    if connection.vendor == "postgresql":
+        values = []
+        for job_id, attempt, result, meta in done:
+            values += [job_id, attempt, rows.json_value(connection, result), rows.json_value(connection, meta)]
+        params = rows.event_params(
+            connection, None, EventType.COMPLETED, at_db, None, worker_id, State.LEASED, State.COMPLETED, "", {}
+        )
+        select, event_params = _event_select(
+            connection, params, {0: "id", 3: "attempts", 8: "COALESCE(meta::jsonb, %s)"}
+        )
+        t = rows.JOB_TABLE
+        sql = f"""
+        WITH v(id, attempt, result, meta) AS (VALUES {rows.placeholders(4, len(done))}),
+        done AS (
+            UPDATE {t} SET state = 'completed', finished_at = %s, result = v.result::jsonb,
+                lease_owner = NULL, lease_expires_at = NULL
+            FROM v WHERE {t}.id = v.id AND {t}.attempts = v.attempt AND {t}.{guard.replace(" AND ", f" AND {t}.")}
+            RETURNING {t}.id, {t}.attempts, v.meta
+        ),
+        logged AS (INSERT INTO {rows.EVENT_TABLE} ({rows.EVENT_COLUMNS}) SELECT {select} FROM done)
+        SELECT id FROM done
+        """
+        with connection.cursor() as cursor:
+            cursor.execute(sql, values + [at_db, worker_id] + event_params)
+            return {row[0] for row in cursor.fetchall()}
+    results = {}
+    for job_id, attempt, result, _ in done:
+        results.setdefault(json.dumps(result, sort_keys=True), (result, []))[1].append((job_id, attempt))
+    held = set()
+    with transaction.atomic(using=db), connection.cursor() as cursor:
+        if connection.vendor != "sqlite":
+            # No UPDATE ... RETURNING on MariaDB: lock what we hold, then write by id.
+            which, params = _which([(d[0], d[1]) for d in done])
+            cursor.execute(f"SELECT id FROM {rows.JOB_TABLE} WHERE {guard} AND {which} FOR UPDATE", [worker_id] + params)
+            held = {row[0] for row in cursor.fetchall()}
+        # One UPDATE per distinct result: no-op jobs (all None) settle in a single statement.
+        for result, pairs in results.values():
+            sql = (
+                f"UPDATE {rows.JOB_TABLE} SET state = 'completed', finished_at = %s, result = %s,"
+                " lease_owner = NULL, lease_expires_at = NULL"
+            )
+            params = [at_db, rows.json_value(connection, result)]
+            if connection.vendor == "sqlite":
+                which, more = _which(pairs)
+                cursor.execute(f"{sql} WHERE {guard} AND {which} RETURNING id", params + [worker_id] + more)
+                held.update(row[0] for row in cursor.fetchall())
+            else:
+                ids = [job_id for job_id, _ in pairs if job_id in held]
+                if ids:
+                    cursor.execute(f"{sql} WHERE id IN ({', '.join(['%s'] * len(ids))})", params + ids)
+        if held:
+            rows.insert_events(connection, [
+                rows.event_params(
+                    connection, job_id, EventType.COMPLETED, at_db, attempt, worker_id,
+                    State.LEASED, State.COMPLETED, "", meta,
+                )
+                for job_id, attempt, _, meta in done
+                if job_id in held
+            ])
+    return held
+
+
 def complete(job_id, *, worker_id, attempt, result=None, output=None, using=None):
     """Mark a leased job completed; return False if this worker no longer holds it.
 
@@ -286,6 +383,8 @@ def complete(job_id, *, worker_id, attempt, result=None, output=None, using=None
     result = validation.payload(result, "result")
     db = _db(using)
     now = timezone.now()
+    if _complete_plain(db, [(job_id, attempt, result, _with_output(None, output))], worker_id, now):
+        return True
     with transaction.atomic(using=db):
         changed = _owned(db, job_id, worker_id, attempt).update(
             state=State.COMPLETED,
@@ -325,6 +424,14 @@ def complete_many(done, *, worker_id, using=None):
         return set()
     db = _db(using)
     now = timezone.now()
+    fast = _complete_plain(
+        db, [(job_id, attempt, result, _with_output(None, outputs.get(job_id))) for job_id, attempt, result in done],
+        worker_id, now,
+    )
+    done = [d for d in done if d[0] not in fast]
+    if not done:
+        return fast
+    # The rest have a follow-up to enqueue, or are no longer ours.
     wanted = {job_id: attempt for job_id, attempt, _ in done}
     with transaction.atomic(using=db):
         # Lock what we still hold, then write by id alone: the lock keeps the guard true.
@@ -367,7 +474,7 @@ def complete_many(done, *, worker_id, using=None):
     for job_id, attempt, _ in done:
         if job_id not in held:
             _lost(job_id, worker_id, attempt, "complete")
-    return held
+    return held | fast
 
 
 def _with_output(metadata, output):

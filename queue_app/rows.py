@@ -1,0 +1,100 @@
+"""Raw multi-row SQL for the hot transitions (claim, complete, enqueue). Called only
+from transitions.py, which decides what every row says.
+
+Why raw SQL here. Building a model instance per Event and per Job and letting the ORM
+adapt every field of every row cost about half of a batched drain (profile in
+benchmarks/README.md). These helpers adapt each column once per batch where the value
+is shared (times, owner, constants), write all of a batch's events in one INSERT, and
+read leased jobs back from the statement that changed them (RETURNING) instead of a
+second SELECT.
+
+Columns come from the models' ``_meta``, so a column another migration adds is still
+read back and still inserted (with its field default).
+"""
+from queue_app.models import Event, Job
+
+JOB_TABLE = Job._meta.db_table
+EVENT_TABLE = Event._meta.db_table
+JOB_FIELDS = tuple(Job._meta.concrete_fields)
+JOB_ATTNAMES = tuple(f.attname for f in JOB_FIELDS)
+# Qualified for PostgreSQL's UPDATE ... FROM; bare for SQLite's RETURNING.
+JOB_COLUMNS = ", ".join(f"{JOB_TABLE}.{f.column}" for f in JOB_FIELDS)
+JOB_COLUMNS_BARE = ", ".join(f.column for f in JOB_FIELDS)
+
+# The event columns a transition fills; any other column gets its field default.
+EVENT_GIVEN = ("job_id", "type", "at", "attempt", "worker", "from_state", "to_state", "message", "metadata")
+_EVENT_OTHER = tuple(f for f in Event._meta.concrete_fields if f.attname not in EVENT_GIVEN and not f.primary_key)
+EVENT_COLUMNS = ", ".join(
+    [Event._meta.get_field(a).column for a in EVENT_GIVEN] + [f.column for f in _EVENT_OTHER]
+)
+EVENT_WIDTH = len(EVENT_GIVEN) + len(_EVENT_OTHER)
+_METADATA = Event._meta.get_field("metadata")
+
+
+def _default(field, connection):
+    return field.get_db_prep_save(field.get_default(), connection)
+
+
+def placeholders(width, count):
+    """``(%s, ..., %s), ...`` for ``count`` rows of ``width`` values."""
+    row = "(" + ", ".join(["%s"] * width) + ")"
+    return ", ".join([row] * count)
+
+
+def json_value(connection, value):
+    """Adapt a JSON document for a JSONField column (None stays SQL NULL)."""
+    return _METADATA.get_db_prep_save(value, connection) if value is not None else None
+
+
+def event_params(connection, job_id, type_, at_db, attempt, worker, from_state, to_state, message, metadata):
+    """One event row's parameters, in EVENT_COLUMNS order; ``at_db`` already adapted."""
+    row = [job_id, type_, at_db, attempt, worker or "", from_state, to_state, message or "",
+           _METADATA.get_db_prep_save(metadata or {}, connection)]
+    if _EVENT_OTHER:
+        row.extend(_default(f, connection) for f in _EVENT_OTHER)
+    return row
+
+
+def insert_events(connection, rows, chunk=500):
+    """Append event rows (lists from event_params) with one INSERT per ``chunk`` rows."""
+    with connection.cursor() as cursor:
+        for start in range(0, len(rows), chunk):
+            part = rows[start : start + chunk]
+            cursor.execute(
+                f"INSERT INTO {EVENT_TABLE} ({EVENT_COLUMNS}) VALUES {placeholders(EVENT_WIDTH, len(part))}",
+                [v for row in part for v in row],
+            )
+
+
+class JobReader:
+    """Turn rows of JOB_COLUMNS into Job instances with the backend's converters
+    (SQLite returns datetimes and JSON as text); built once per connection."""
+
+    def __init__(self, connection):
+        self.connection = connection
+        self.converters = []
+        for i, field in enumerate(JOB_FIELDS):
+            col = field.get_col(JOB_TABLE)
+            convs = connection.ops.get_db_converters(col) + field.get_db_converters(connection)
+            if convs:
+                self.converters.append((i, col, convs))
+
+    @classmethod
+    def on(cls, connection):
+        reader = getattr(connection, "_jq_job_reader", None)
+        if reader is None:
+            reader = connection._jq_job_reader = cls(connection)
+        return reader
+
+    def jobs(self, rows):
+        out = []
+        db = self.connection.alias
+        for row in rows:
+            values = list(row)
+            for i, col, convs in self.converters:
+                v = values[i]
+                for conv in convs:
+                    v = conv(v, col, self.connection)
+                values[i] = v
+            out.append(Job.from_db(db, JOB_ATTNAMES, values))
+        return out
