@@ -98,3 +98,66 @@ class JobReader:
                 values[i] = v
             out.append(Job.from_db(db, JOB_ATTNAMES, values))
         return out
+
+
+class JobWriter:
+    """Build INSERT rows for new jobs from plain values; built once per connection.
+
+    Only the columns a new job sets are adapted per row; every other column's default is
+    adapted once here. The same values (not adapted) make the returned Job instances.
+    """
+
+    def __init__(self, connection):
+        from django.db.models import DateTimeField, JSONField
+
+        self.connection = connection
+        fields = [f for f in JOB_FIELDS if not f.primary_key]
+        self.columns = ", ".join(f.column for f in fields)
+        self.attnames = [f.attname for f in fields]
+        self.width = len(fields)
+        self.defaults = {f.attname: f.get_default() for f in fields}
+        # A callable default (timezone.now, dict) is called per row, as the ORM would.
+        self.fresh = {f.attname: f for f in fields if callable(f.default)}
+        self.preps = []
+        for f in fields:
+            if isinstance(f, DateTimeField):
+                self.preps.append(connection.ops.adapt_datetimefield_value)
+            elif isinstance(f, JSONField):
+                self.preps.append(lambda v, f=f: f.get_db_prep_save(v, connection) if v is not None else None)
+            else:
+                self.preps.append(lambda v, f=f: f.get_db_prep_save(v, connection))
+        # Plain Python values need no adapting for these (the drivers take them as is).
+        plain = {"CharField", "TextField", "IntegerField", "SmallIntegerField", "BigIntegerField",
+                 "PositiveIntegerField", "PositiveBigIntegerField", "FloatField", "BooleanField", "ForeignKey"}
+        self.plain = [f.get_internal_type() in plain for f in fields]
+
+    @classmethod
+    def on(cls, connection):
+        writer = getattr(connection, "_jq_job_writer", None)
+        if writer is None:
+            writer = connection._jq_job_writer = cls(connection)
+        return writer
+
+    def values(self, given):
+        """Python values in column order: ``given`` {attname: value}, defaults elsewhere."""
+        return [
+            given[a] if a in given else self.fresh[a].get_default() if a in self.fresh else self.defaults[a]
+            for a in self.attnames
+        ]
+
+    def params(self, values, cache):
+        """Adapt one row; ``cache`` maps id() of shared values (e.g. now) to their form."""
+        out = []
+        for value, prep, plain in zip(values, self.preps, self.plain):
+            if plain or value is None:
+                out.append(value)
+                continue
+            key = id(value)
+            hit = cache.get(key)
+            if hit is None or hit[0] is not value:
+                hit = cache[key] = (value, prep(value))
+            out.append(hit[1])
+        return out
+
+    def job(self, job_id, values):
+        return Job.from_db(self.connection.alias, ("id", *self.attnames), [job_id, *values])

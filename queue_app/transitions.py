@@ -113,6 +113,77 @@ def _notify(db, jobs, now):
                 cursor.execute("SELECT pg_notify(%s, %s)", [channel, queue])
 
 
+def _given(req, now):
+    """What a new job's row sets (rows.JobWriter fills the other columns' defaults)."""
+    return {
+        "kind": req.kind, "payload": req.payload, "queue_name": req.queue_name, "priority": req.priority,
+        "run_at": req.run_at or now, "state": State.PENDING, "attempts": 0, "max_attempts": req.max_attempts,
+        "idempotency_key": req.idempotency_key, "timeout": req.timeout, "created_at": now,
+        "on_success": req.on_success, "on_failure": req.on_failure, "webhook_url": req.webhook_url,
+        "parent_id": req.parent_id, "backoff_base": req.backoff_base, "backoff_max": req.backoff_max,
+        "backoff_jitter": req.backoff_jitter,
+    }
+
+
+def _enqueued_meta(given):
+    meta = {"queue": given["queue_name"], "priority": given["priority"], "run_at": given["run_at"].isoformat()}
+    if given["parent_id"] is not None:
+        meta["parent"] = given["parent_id"]
+    return meta
+
+
+def _insert_plain(db, reqs, now):
+    """Insert requests without an idempotency key (nothing to look up first): per chunk
+    one multi-row INSERT ... RETURNING id and one INSERT of their enqueued events, in the
+    caller's transaction. On PostgreSQL a single job is one statement with its event and
+    NOTIFY, atomic on its own. Return the Job instances, in order."""
+    connection = connections[db]
+    writer = rows.JobWriter.on(connection)
+    at_db = connection.ops.adapt_datetimefield_value(now)
+    cache = {}
+    out = []
+    for start in range(0, len(reqs), settings.BULK_BATCH_SIZE):
+        chunk = [_given(req, now) for req in reqs[start : start + settings.BULK_BATCH_SIZE]]
+        values = [writer.values(given) for given in chunk]
+        params = [v for row in values for v in writer.params(row, cache)]
+        insert = (
+            f"INSERT INTO {rows.JOB_TABLE} ({writer.columns}) VALUES {rows.placeholders(writer.width, len(chunk))}"
+            " RETURNING id"
+        )
+        if connection.vendor == "postgresql" and len(chunk) == 1:
+            event = rows.event_params(
+                connection, None, EventType.ENQUEUED, at_db, 0, "", "", State.PENDING, "", _enqueued_meta(chunk[0])
+            )
+            select, event_params = _event_select(connection, event, {0: "id"})
+            notify, notify_params = "", []
+            channel = settings.NOTIFY_CHANNEL
+            if channel and chunk[0]["run_at"] <= now:
+                notify, notify_params = ", pg_notify(%s, %s)", [channel, chunk[0]["queue_name"]]
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"WITH j AS ({insert}), e AS (INSERT INTO {rows.EVENT_TABLE} ({rows.EVENT_COLUMNS})"
+                    f" SELECT {select} FROM j) SELECT id{notify} FROM j",
+                    params + event_params + notify_params,
+                )
+                ids = [cursor.fetchone()[0]]
+        else:
+            with connection.cursor() as cursor:
+                cursor.execute(insert, params)
+                ids = [row[0] for row in cursor.fetchall()]
+            if len(ids) != len(chunk):
+                raise RuntimeError("the database did not return ids for a bulk insert")
+            rows.insert_events(connection, [
+                rows.event_params(
+                    connection, job_id, EventType.ENQUEUED, at_db, 0, "", "", State.PENDING, "", _enqueued_meta(given)
+                )
+                for job_id, given in zip(ids, chunk)
+            ])
+        out += [writer.job(job_id, row) for job_id, row in zip(ids, values)]
+    if len(reqs) > 1:
+        _notify(db, out, now)
+    return out
+
+
 def enqueue(req, *, using=None):
     """Insert a validated EnqueueRequest; return (job, created).
 
@@ -124,6 +195,15 @@ def enqueue(req, *, using=None):
     """
     db = _db(using)
     now = timezone.now()
+    if req.idempotency_key is None:
+        # Nothing to look up and no race to lose: no savepoint, the fewest statements.
+        if connections[db].vendor == "postgresql":
+            (job,) = _insert_plain(db, [req], now)
+        else:
+            with transaction.atomic(using=db):
+                (job,) = _insert_plain(db, [req], now)
+        log.debug("enqueued id=%s kind=%s queue=%s", job.id, job.kind, job.queue_name)
+        return job, True
     with transaction.atomic(using=db):
         stale = None
         if req.idempotency_key is not None:
@@ -167,23 +247,17 @@ def bulk_enqueue(reqs, *, using=None):
     db = _db(using)
     now = timezone.now()
     out = [None] * len(reqs)
-    size = settings.BULK_BATCH_SIZE
     with transaction.atomic(using=db):
         plain = []
         for i, req in enumerate(reqs):
             if req.idempotency_key is not None:
                 out[i], _ = enqueue(req, using=db)
             else:
-                plain.append((i, _new_job(req, now)))
-        for start in range(0, len(plain), size):
-            chunk = plain[start : start + size]
-            jobs = Job.objects.using(db).bulk_create([job for _, job in chunk])
-            if any(job.pk is None for job in jobs):
-                raise RuntimeError("the database did not return ids for a bulk insert")
-            Event.objects.using(db).bulk_create([_enqueued_event(job, now) for job in jobs])
-            for (i, _), job in zip(chunk, jobs):
-                out[i] = job
-        _notify(db, [job for _, job in plain], now)
+                plain.append(i)
+        # Chunks of more than one: NOTIFY once per queue for the batch, not per chunk.
+        jobs = _insert_plain(db, [reqs[i] for i in plain], now)
+        for i, job in zip(plain, jobs):
+            out[i] = job
     return out
 
 
