@@ -23,6 +23,10 @@ from queue_app.models import (
 
 # \Z, not $: $ also matches before a trailing newline.
 NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:\-]*\Z")
+# MariaDB's JSON_VALID (its JSON columns' CHECK) refuses 32 or more nesting levels, and
+# a payload is stored nested a level or two deeper too (an event's previous_payload, a
+# follow-up job's parent outcome): leave that margin.
+MAX_JSON_DEPTH = 24
 # Farther than this is a typo, not a schedule.
 MAX_SCHEDULE_AHEAD = timedelta(days=3650)
 # Per-job backoff bounds: a base above 100 reaches any cap within a few attempts, and a
@@ -106,19 +110,22 @@ def text(value, field):
 
 
 def _json_text(value, field):
-    """Check every string (keys too) in a JSON value, without recursion."""
-    stack = [value]
+    """Check every string (keys too) and the nesting depth of a JSON value, without recursion."""
+    stack = [(value, 1)]
     while stack:
-        item = stack.pop()
+        item, depth = stack.pop()
         if isinstance(item, str):
             text(item, field)
-        elif isinstance(item, dict):
-            for k, v in item.items():
-                if isinstance(k, str):
-                    text(k, field)
-                stack.append(v)
-        elif isinstance(item, (list, tuple)):
-            stack.extend(item)
+        elif isinstance(item, (dict, list, tuple)):
+            if depth > MAX_JSON_DEPTH:
+                raise InvalidJob(f"{field} is nested more than {MAX_JSON_DEPTH} levels deep", field)
+            if isinstance(item, dict):
+                for k, v in item.items():
+                    if isinstance(k, str):
+                        text(k, field)
+                    stack.append((v, depth + 1))
+            else:
+                stack.extend((v, depth + 1) for v in item)
 
 
 def payload(value, field="payload"):

@@ -57,6 +57,14 @@ def test_no_request_gets_a_server_error_or_breaks_the_schema(case, api_key):
 # --- what the fuzz guards, pinned as plain examples -----------------------------------
 
 
+def nested(depth):
+    """A JSON list ``depth`` levels deep."""
+    value = 0
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
 @pytest.mark.django_db
 @pytest.mark.parametrize(
     "options, field",
@@ -65,6 +73,8 @@ def test_no_request_gets_a_server_error_or_breaks_the_schema(case, api_key):
         ({"payload": {"key\x00": 1}}, "payload"),
         ({"payload": ["\ud800"]}, "payload"),
         ({"payload": {"\udfff": 1}}, "payload"),
+        ({"payload": {"a": nested(24)}}, "payload"),
+        ({"payload": nested(5000)}, "payload"),
         ({"idempotency_key": "k\x00"}, "idempotency_key"),
         ({"idempotency_key": "\ud83d"}, "idempotency_key"),
         ({"on_success": {"kind": "echo", "payload": {"x": "\x00"}}}, "on_success"),
@@ -80,6 +90,18 @@ def test_enqueue_refuses_text_no_database_can_store_and_writes_nothing(options, 
         enqueue("echo", options.pop("payload", None), **options)
     assert refused.value.field == field
     assert Job.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_a_payload_at_the_depth_limit_is_stored_and_can_be_requeued_with_a_new_one():
+    from queue_app import enqueue, transitions
+    from tests.factories import DeadLetterFactory
+
+    job = enqueue("echo", {"a": nested(23)})
+    job.refresh_from_db()
+    assert job.payload == {"a": nested(23)}
+    letter = DeadLetterFactory(job__payload={"a": nested(23)})
+    assert transitions.requeue(letter.job_id, payload={"b": nested(23)}).payload == {"b": nested(23)}
 
 
 @pytest.mark.django_db
