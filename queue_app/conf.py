@@ -71,6 +71,9 @@ DEFAULTS = {
     "PROGRESS_INTERVAL": 1.0,
     # PostgreSQL channel that enqueue NOTIFYs and idle workers LISTEN on; None disables.
     "NOTIFY_CHANNEL": "jobqueue",
+    # SQLite: seconds between an idle worker's looks at PRAGMA data_version (whether any
+    # connection committed since), claiming only when it moved; 0 disables (plain polling).
+    "SQLITE_WAKE_INTERVAL": 0.005,
     # /metrics: with a token set, a scrape must send "Authorization: Bearer <token>" (or
     # basic auth with the token as password). Without one only loopback clients are
     # served, unless METRICS_PUBLIC opens it to all.

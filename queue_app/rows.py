@@ -55,8 +55,25 @@ def event_params(connection, job_id, type_, at_db, attempt, worker, from_state, 
     return row
 
 
+def unnest_insert(connection, table, columns, fields, rows, returning=""):
+    """PostgreSQL: INSERT many rows as one array per column (INSERT ... SELECT FROM
+    unnest(...), as Django's own bulk_create does since 5.2): the statement has one
+    placeholder per column however many rows, so the driver does not parse thousands."""
+    casts = ", ".join(f"%s::{f.db_type(connection)}[]" for f in fields)
+    cols = [list(col) for col in zip(*rows)]
+    with connection.cursor() as cursor:
+        cursor.execute(f"INSERT INTO {table} ({columns}) SELECT * FROM unnest({casts}){returning}", cols)
+        return cursor.fetchall() if returning else None
+
+
+_EVENT_FIELDS = [Event._meta.get_field(a) for a in EVENT_GIVEN] + list(_EVENT_OTHER)
+
+
 def insert_events(connection, rows, chunk=500):
     """Append event rows (lists from event_params) with one INSERT per ``chunk`` rows."""
+    if connection.vendor == "postgresql" and len(rows) > 1:
+        unnest_insert(connection, EVENT_TABLE, EVENT_COLUMNS, _EVENT_FIELDS, rows)
+        return
     with connection.cursor() as cursor:
         for start in range(0, len(rows), chunk):
             part = rows[start : start + chunk]
@@ -113,6 +130,7 @@ class JobWriter:
         self.connection = connection
         fields = [f for f in JOB_FIELDS if not f.primary_key]
         self.columns = ", ".join(f.column for f in fields)
+        self.fields = fields
         self.attnames = [f.attname for f in fields]
         self.width = len(fields)
         self.defaults = {f.attname: f.get_default() for f in fields}

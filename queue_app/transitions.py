@@ -145,7 +145,9 @@ def _insert_plain(db, reqs, now):
     for start in range(0, len(reqs), settings.BULK_BATCH_SIZE):
         chunk = [_given(req, now) for req in reqs[start : start + settings.BULK_BATCH_SIZE]]
         values = [writer.values(given) for given in chunk]
-        params = [v for row in values for v in writer.params(row, cache)]
+        params = [] if connection.vendor == "postgresql" and len(chunk) > 1 else [
+            v for row in values for v in writer.params(row, cache)
+        ]
         insert = (
             f"INSERT INTO {rows.JOB_TABLE} ({writer.columns}) VALUES {rows.placeholders(writer.width, len(chunk))}"
             " RETURNING id"
@@ -166,6 +168,11 @@ def _insert_plain(db, reqs, now):
                     params + event_params + notify_params,
                 )
                 ids = [cursor.fetchone()[0]]
+        elif connection.vendor == "postgresql":
+            adapted = [writer.params(row, cache) for row in values]
+            ids = [row[0] for row in rows.unnest_insert(
+                connection, rows.JOB_TABLE, writer.columns, writer.fields, adapted, returning=" RETURNING id",
+            )]
         else:
             with connection.cursor() as cursor:
                 cursor.execute(insert, params)

@@ -1,0 +1,63 @@
+"""W2: enqueue throughput, one JSON line per database and mode.
+
+    .venv/bin/python benchmarks/enqueue_throughput.py                  # sqlite, postgres, mysql
+    .venv/bin/python benchmarks/enqueue_throughput.py --db sqlite --single 5000 --bulk 100000
+
+``single``: N calls of ``enqueue("noop")``, each its own transaction as a view's would
+be (autocommit, no outer atomic), one after another from one process. ``bulk``: one
+``bulk_enqueue()`` of M jobs (one transaction). Each on a fresh database, timed inside
+the process (Django start-up left out); jobs_per_s is jobs / seconds.
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from worker_throughput import URLS, django_snippet, fresh_database  # noqa: E402
+
+SINGLE = """
+import time
+from queue_app import enqueue
+enqueue("noop")  # warm: first connection, first statement
+began = time.perf_counter()
+for _ in range({n}):
+    enqueue("noop")
+took = time.perf_counter() - began
+print(json.dumps({{"seconds": took}}))
+"""
+
+BULK = """
+import time
+from queue_app import bulk_enqueue
+specs = [{{"kind": "noop"}} for _ in range({n})]
+began = time.perf_counter()
+jobs = bulk_enqueue(specs)
+took = time.perf_counter() - began
+assert len(jobs) == {n} and all(j.id for j in jobs)
+print(json.dumps({{"seconds": took}}))
+"""
+
+
+def measure(db, mode, n):
+    fresh_database(db)
+    code = (SINGLE if mode == "single" else BULK).format(n=n)
+    seconds = json.loads(django_snippet(db, code).strip().splitlines()[-1])["seconds"]
+    return {"bench": "enqueue", "mode": mode, "db": db, "jobs": n, "seconds": round(seconds, 3),
+            "jobs_per_s": round(n / seconds)}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--db", action="append", choices=sorted(URLS))
+    parser.add_argument("--single", type=int, default=5000, help="single enqueues (0 skips)")
+    parser.add_argument("--bulk", type=int, default=100000, help="jobs in the bulk enqueue (0 skips)")
+    args = parser.parse_args()
+    for db in args.db or ["sqlite", "postgres", "mysql"]:
+        for mode, n in (("single", args.single), ("bulk", args.bulk)):
+            if n:
+                print(json.dumps(measure(db, mode, n)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
