@@ -48,7 +48,8 @@ def json_value(connection, value):
 
 def event_params(connection, job_id, type_, at_db, attempt, worker, from_state, to_state, message, metadata):
     """One event row's parameters, in EVENT_COLUMNS order; ``at_db`` already adapted."""
-    row = [job_id, type_, at_db, attempt, worker or "", from_state, to_state, message or "",
+    # Plain str, not the TextChoices members: psycopg dumps an Enum inside a list by name.
+    row = [job_id, str(type_), at_db, attempt, worker or "", str(from_state), str(to_state), message or "",
            _METADATA.get_db_prep_save(metadata or {}, connection)]
     if _EVENT_OTHER:
         row.extend(_default(f, connection) for f in _EVENT_OTHER)

@@ -117,7 +117,7 @@ def _given(req, now):
     """What a new job's row sets (rows.JobWriter fills the other columns' defaults)."""
     return {
         "kind": req.kind, "payload": req.payload, "queue_name": req.queue_name, "priority": req.priority,
-        "run_at": req.run_at or now, "state": State.PENDING, "attempts": 0, "max_attempts": req.max_attempts,
+        "run_at": req.run_at or now, "state": State.PENDING.value, "attempts": 0, "max_attempts": req.max_attempts,
         "idempotency_key": req.idempotency_key, "timeout": req.timeout, "created_at": now,
         "on_success": req.on_success, "on_failure": req.on_failure, "webhook_url": req.webhook_url,
         "parent_id": req.parent_id, "backoff_base": req.backoff_base, "backoff_max": req.backoff_max,
@@ -177,8 +177,9 @@ def _insert_plain(db, reqs, now):
             with connection.cursor() as cursor:
                 cursor.execute(insert, params)
                 ids = [row[0] for row in cursor.fetchall()]
-            if len(ids) != len(chunk):
-                raise RuntimeError("the database did not return ids for a bulk insert")
+        if len(ids) != len(chunk):
+            raise RuntimeError("the database did not return ids for a bulk insert")
+        if not (connection.vendor == "postgresql" and len(chunk) == 1):  # else logged by the statement
             rows.insert_events(connection, [
                 rows.event_params(
                     connection, job_id, EventType.ENQUEUED, at_db, 0, "", "", State.PENDING, "", _enqueued_meta(given)
