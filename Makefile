@@ -11,8 +11,14 @@ demo: setup
 test: setup
 	@scripts/test.sh
 
+# W1 drain (batch 100 and 1), W2 enqueue, W3 latency; one JSON line each. SQLite by
+# default; BENCH_DB="--db sqlite --db postgres --db mysql" for all three.
+BENCH_DB ?= --db sqlite
 bench: setup
-	@.venv/bin/python benchmarks/claim.py
+	@.venv/bin/python benchmarks/worker_throughput.py $(BENCH_DB) --batch 100
+	@.venv/bin/python benchmarks/worker_throughput.py $(BENCH_DB) --batch 1 --jobs 5000
+	@.venv/bin/python benchmarks/enqueue_throughput.py $(BENCH_DB)
+	@.venv/bin/python benchmarks/worker_throughput.py $(BENCH_DB) --latency
 
 clean:
 	rm -rf .venv .test-results queue.db test_queue.db

@@ -10,7 +10,9 @@ counts from the first claim to the last completion (timestamps in the database),
 process start-up is left out; ``wall_s`` is the whole command, start-up included.
 With --latency: idle workers (2 processes), 200 single enqueues 20 ms apart, and the
 p50/p95/p99 of started_at - created_at. On PostgreSQL LISTEN/NOTIFY wakes the workers,
-so the poll interval should not show; elsewhere latency is about half the poll.
+so the poll interval should not show; on SQLite idle workers watch PRAGMA data_version
+(SQLITE_WAKE_INTERVAL) and wake within milliseconds; on MariaDB latency is about half
+the poll. Each drain line also carries the peak resident memory per process.
 """
 import argparse
 import json
@@ -74,10 +76,19 @@ def one(db, jobs, concurrency, batch, threads):
         " + 'queue_app_job')\n"
     ))
     began = time.perf_counter()
-    run(db, [PY, "manage.py", "runworker", "--burst", "--import", "tests.worker_support",
-             "--concurrency", str(concurrency), "--threads", str(threads), "--batch", str(batch),
-             "--poll", "50ms"])
+    env = dict(os.environ, DATABASE_URL=URLS[db], JOBQUEUE_LOG_LEVEL="WARNING")
+    proc = subprocess.Popen([PY, "manage.py", "runworker", "--burst", "--import", "tests.worker_support",
+                             "--concurrency", str(concurrency), "--threads", str(threads), "--batch", str(batch),
+                             "--poll", "50ms"], cwd=ROOT, env=env)
+    peak = {}
+    while proc.poll() is None:
+        for pid, mb in rss_tree(proc.pid).items():
+            peak[pid] = max(peak.get(pid, 0), mb)
+        time.sleep(0.1)
+    if proc.returncode:
+        raise subprocess.CalledProcessError(proc.returncode, "runworker")
     wall = time.perf_counter() - began
+    children = [mb for pid, mb in peak.items() if pid != proc.pid]
     report = json.loads(django_snippet(db, (
         "from django.db.models import Min, Max\nfrom queue_app.models import Job\n"
         "a = Job.objects.aggregate(first=Min('started_at'), last=Max('finished_at'))\n"
@@ -89,7 +100,30 @@ def one(db, jobs, concurrency, batch, threads):
         "concurrency": concurrency, "threads": threads, "batch": batch,
         "drain_s": round(report["span"], 3), "jobs_per_s": round(report["done"] / report["span"]),
         "wall_s": round(wall, 3),
+        # Peak resident set per process, sampled every 100 ms: supervisor and children.
+        "rss_mb_supervisor": round(peak.get(proc.pid, 0), 1),
+        "rss_mb_child_max": round(max(children), 1) if children else None,
     }
+
+
+def rss_tree(root):
+    """{pid: resident MB} of ``root`` and its direct children (Linux /proc)."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            pid = int(entry.name)
+            if pid != root and ppid != root:
+                continue
+            for line in (entry / "status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    out[pid] = int(line.split()[1]) / 1024
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
 
 
 LATENCY = """
@@ -133,7 +167,8 @@ def main():
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--batch", default="1,100", help="comma-separated batch sizes")
     parser.add_argument("--latency", action="store_true", help="measure enqueue-to-start latency instead")
-    parser.add_argument("--poll", default="1s", help="idle poll interval for --latency")
+    parser.add_argument("--poll", default="1s", help="idle poll interval for --latency (PostgreSQL wakes on "
+                        "NOTIFY, SQLite on PRAGMA data_version, MariaDB only polls)")
     args = parser.parse_args()
     if args.latency:
         for db in args.db or ["sqlite", "postgres", "mysql"]:

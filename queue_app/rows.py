@@ -2,8 +2,8 @@
 from transitions.py, which decides what every row says.
 
 Why raw SQL here. Building a model instance per Event and per Job and letting the ORM
-adapt every field of every row cost about half of a batched drain (profile in
-benchmarks/README.md). These helpers adapt each column once per batch where the value
+adapt every field of every row cost about half of a batched drain (py-spy on
+benchmarks/worker_throughput.py). These helpers adapt each column once per batch where the value
 is shared (times, owner, constants), write all of a batch's events in one INSERT, and
 read leased jobs back from the statement that changed them (RETURNING) instead of a
 second SELECT.
