@@ -6,7 +6,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from numbers import Real
 
 from django.utils import timezone
@@ -207,9 +207,18 @@ def run_at(value, now):
         raise InvalidJob(f"run_at must be a datetime, got {value!r}", "run_at")
     if timezone.is_naive(value):
         raise InvalidJob("run_at must be timezone-aware (e.g. datetime.now(UTC))", "run_at")
+    try:
+        # Normalise now: an offset near datetime.min/max overflows when the database adapts it.
+        value = value.astimezone(UTC)
+    except (OverflowError, ValueError):
+        raise InvalidJob(f"run_at {value.isoformat()} is out of range", "run_at") from None
     if value - now > MAX_SCHEDULE_AHEAD:
         raise InvalidJob(f"run_at {value.isoformat()} is more than 10 years ahead", "run_at")
-    return value
+    if now - value > MAX_SCHEDULE_AHEAD:
+        raise InvalidJob(f"run_at {value.isoformat()} is more than 10 years ago", "run_at")
+    # A job becomes ready no earlier than it is enqueued: a run_at in the past must not
+    # buy aging points (effective priority counts from run_at).
+    return max(value, now)
 
 
 def idempotency_key(value):

@@ -74,6 +74,8 @@ def test_idempotent_enqueue_inside_an_outer_transaction_leaves_it_usable():
         ({"run_after": datetime(2030, 1, 1, tzinfo=UTC)}, "use run_at"),
         ({"run_at": datetime(2030, 1, 1)}, "timezone-aware"),
         ({"run_at": datetime(9000, 1, 1, tzinfo=UTC)}, "10 years"),
+        ({"run_at": datetime(1, 1, 1, 1, tzinfo=timezone.get_fixed_timezone(300))}, "out of range"),
+        ({"run_at": datetime(1900, 1, 1, tzinfo=UTC)}, "10 years ago"),
         ({"run_at": "tomorrow"}, "datetime"),
         ({"idempotency_key": "k" * 256}, "256 characters"),
         ({"idempotency_key": ""}, "idempotency_key"),
@@ -262,3 +264,9 @@ def test_post_api_jobs_refuses_bad_backoff_options_with_400_and_writes_nothing(b
     assert r.json()["field"] == field
     assert field in r.json()["error"]
     assert nothing_written()
+
+
+def test_a_run_at_in_the_past_is_ready_now_and_earns_no_aging_head_start():
+    before = timezone.now()
+    job = enqueue("echo", {}, run_at=before - timedelta(days=30))
+    assert before <= job.run_at <= timezone.now()
