@@ -103,7 +103,10 @@ job_specs = st.lists(
 )
 
 
-@hsettings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@hsettings(
+    max_examples=40, deadline=None, derandomize=True, database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(specs=job_specs, aging=st.sampled_from([0, 1, 15, 30]))
 def test_database_lease_order_matches_the_python_model(specs, aging):
     Job.objects.all().delete()
