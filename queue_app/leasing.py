@@ -23,8 +23,9 @@ Vendors:
   reason Oban's engine writes it this way). FOR UPDATE SKIP LOCKED sits after the
   sort, so each claimer takes the best rows nobody else holds.
 - MariaDB: a short READ COMMITTED transaction: the levels one MAX() seek at a time,
-  one UNION of per-level seeks, then SELECT ... FOR UPDATE SKIP LOCKED
-  on those ids and an UPDATE by primary key. MariaDB has no UPDATE ... RETURNING.
+  one UNION of per-level seeks, the candidates ordered in Python (ordering.py's key),
+  then SELECT ... FOR UPDATE SKIP LOCKED on only the best ``limit`` ids (topped up from
+  the next ones when some were taken) and an UPDATE by primary key. MariaDB has no UPDATE ... RETURNING.
 - SQLite: one UPDATE ... WHERE id IN (SELECT ... LIMIT n) RETURNING the rows inside an
   IMMEDIATE transaction: writers are serialised by the database lock, so no row
   locks are needed.
@@ -42,12 +43,15 @@ flow.py) are extra conditions on the per-level seeks. The seek stays on the inde
 it steps over excluded rows one by one: a level whose oldest ready jobs are mostly
 paused costs as many rows as are paused ahead of the first claimable one.
 """
+from datetime import timedelta
+
 from django.utils import timezone
 
 from queue_app.models import State
 from queue_app.rows import JOB_ATTNAMES, JOB_COLUMNS, JOB_COLUMNS_BARE
 
 TABLE = "queue_app_job"
+_US = timedelta(microseconds=1)
 
 
 def claim(
@@ -132,7 +136,9 @@ def _claim_postgresql(connection, owner, limit, scan, now, expires, queues, kind
         SELECT j.id FROM {TABLE} j
         -- = ANY(ARRAY(...)) keeps this a primary-key probe per candidate; with IN (SELECT ...)
         -- the planner may hash-join the candidates against every pending row.
-        WHERE j.id = ANY(ARRAY(SELECT id FROM candidates)) AND j.state = 'pending'
+        -- run_at again: under FOR UPDATE, PostgreSQL re-checks only this WHERE against the
+        -- newest row version, and a candidate may have been retried into the future since.
+        WHERE j.id = ANY(ARRAY(SELECT id FROM candidates)) AND j.state = 'pending' AND j.run_at <= %s
         ORDER BY {eff} DESC, j.run_at, j.created_at, j.id
         LIMIT %s
         FOR UPDATE SKIP LOCKED
@@ -144,7 +150,7 @@ def _claim_postgresql(connection, owner, limit, scan, now, expires, queues, kind
     ){log_cte}
     SELECT * FROM leased
     """
-    params = params + lateral_params + eff_params + [limit, owner, expires, now]
+    params = params + lateral_params + [now] + eff_params + [limit, owner, expires, now]
     if log:
         params += log[1]
     with connection.cursor() as cursor:
@@ -152,8 +158,12 @@ def _claim_postgresql(connection, owner, limit, scan, now, expires, queues, kind
         return cursor.fetchall()
 
 
-_ID, _STATE, _OWNER, _EXPIRES, _ATTEMPTS, _STARTED = (
-    JOB_ATTNAMES.index(a) for a in ("id", "state", "lease_owner", "lease_expires_at", "attempts", "started_at")
+_ID, _STATE, _OWNER, _EXPIRES, _ATTEMPTS, _STARTED, _PRIORITY, _RUN_AT, _CREATED = (
+    JOB_ATTNAMES.index(a)
+    for a in (
+        "id", "state", "lease_owner", "lease_expires_at", "attempts", "started_at",
+        "priority", "run_at", "created_at",
+    )
 )
 
 
@@ -194,25 +204,32 @@ def _claim_mysql(connection, owner, limit, scan, now, expires, queues, kinds, ag
                         cond += f" AND {column} NOT IN ({', '.join(['%s'] * len(names))})"
                         p.extend(names)
                 parts.append(
-                    f"(SELECT id FROM {TABLE} WHERE {cond} ORDER BY run_at, created_at, id LIMIT %s)"
+                    f"(SELECT id, priority, run_at, created_at FROM {TABLE} WHERE {cond}"
+                    " ORDER BY run_at, created_at, id LIMIT %s)"
                 )
                 params.extend(p + [scan])
         cursor.execute(" UNION ALL ".join(parts), params)
-        candidates = [row[0] for row in cursor.fetchall()]
-        if not candidates:
-            return []
-        if aging_us:
-            eff = "priority + (TIMESTAMPDIFF(MICROSECOND, run_at, %s) DIV %s)"
-            eff_params = [now_db, aging_us]
-        else:
-            eff, eff_params = "priority", []
-        cursor.execute(
-            f"SELECT {JOB_COLUMNS_BARE} FROM {TABLE} WHERE id IN ({', '.join(['%s'] * len(candidates))})"
-            f" AND state = 'pending' AND run_at <= %s"
-            f" ORDER BY {eff} DESC, run_at, created_at, id LIMIT %s FOR UPDATE SKIP LOCKED",
-            candidates + [now_db] + eff_params + [limit],
-        )
-        rows = [list(row) for row in cursor.fetchall()]
+        naive_now = timezone.make_naive(now, connection.timezone)
+
+        def key(row):
+            job_id, priority, run_at, created_at = row
+            eff = priority + ((naive_now - run_at) // _US) // aging_us if aging_us else priority
+            return (-eff, run_at, created_at, job_id)
+
+        # Order the candidates here, then lock only the best ``limit`` of them. With ORDER
+        # BY ... LIMIT in the locking SELECT, InnoDB locks every candidate it reads before
+        # the sort, and a concurrent claimer finds them all taken.
+        ranked = [row[0] for row in sorted(cursor.fetchall(), key=key)]
+        rows = []
+        while ranked and len(rows) < limit:
+            want, ranked = ranked[: limit - len(rows)], ranked[limit - len(rows) :]
+            cursor.execute(
+                f"SELECT {JOB_COLUMNS_BARE} FROM {TABLE} WHERE id IN ({', '.join(['%s'] * len(want))})"
+                f" AND state = 'pending' AND run_at <= %s FOR UPDATE SKIP LOCKED",
+                want + [now_db],
+            )
+            rows.extend(list(row) for row in cursor.fetchall())
+        rows.sort(key=lambda r: key((r[_ID], r[_PRIORITY], r[_RUN_AT], r[_CREATED])))
         if rows:
             cursor.execute(
                 f"UPDATE {TABLE} SET {_SET} WHERE id IN ({', '.join(['%s'] * len(rows))})",

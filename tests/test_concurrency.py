@@ -75,3 +75,36 @@ def test_eight_processes_enqueueing_the_same_key_at_once_make_one_job():
     for i, key in enumerate(keys):
         ids = {r[i] for r in results}
         assert ids == {Job.objects.get(idempotency_key=key).id}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claimer_holding_its_transaction_locks_only_the_jobs_it_took(vendor):
+    if vendor == "sqlite":
+        pytest.skip("SQLite serialises writers with the database lock; there are no row locks to share")
+    import threading
+
+    from django.db import connections as conns, transaction as tx
+
+    jobs = bulk_enqueue([{"kind": "echo", "priority": 5 - i} for i in range(20)])
+    held, release, got = threading.Event(), threading.Event(), {}
+
+    def first():
+        try:
+            with tx.atomic():
+                got["a"] = [j.id for j in transitions.claim("a", limit=1)]
+                held.set()
+                release.wait(10)
+        finally:
+            conns.close_all()
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    try:
+        assert held.wait(10)
+        got["b"] = [j.id for j in transitions.claim("b", limit=2)]
+    finally:
+        release.set()
+        thread.join(10)
+    assert got["a"] == [jobs[0].id]
+    # The second claimer is not starved by the first one's open transaction.
+    assert got["b"] == [jobs[1].id, jobs[2].id]
