@@ -1,5 +1,6 @@
 import multiprocessing
 import os
+import sys
 
 import pytest
 from django.db import connection, connections
@@ -23,6 +24,31 @@ def _test_handlers():
     yield
     registry._handlers.clear()
     registry._handlers.update(before)
+
+
+# Settings keys the project reads from JOBQUEUE_* environment variables, at the values
+# the project ships with: a developer's exports must not change what the tests see.
+PROJECT_ENV_DEFAULTS = {
+    "LEASE_SECONDS": 30.0,
+    "AGING_INTERVAL": 30.0,
+    "DEFAULT_MAX_ATTEMPTS": 3,
+    "SHELL_JOBS": False,
+}
+
+
+@pytest.fixture(autouse=True)
+def _project_queue_settings(settings):
+    """Pin settings.JOBQUEUE to the project's own (its HANDLERS included), env ignored."""
+    settings.JOBQUEUE = {**getattr(settings, "JOBQUEUE", {}), **PROJECT_ENV_DEFAULTS}
+
+
+@pytest.fixture(autouse=True)
+def _kill_surviving_workers():
+    """Kill whatever worker or manage.py process a test started and left running."""
+    yield
+    support = sys.modules.get("tests.worker_support")  # imported only by the tests that fork
+    if support is not None:
+        support.kill_survivors()
 
 
 @pytest.fixture

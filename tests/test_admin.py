@@ -142,7 +142,7 @@ def test_search_finds_jobs_by_id_kind_key_and_payload_text(viewer):
 
 
 def test_list_shows_a_capped_count_past_the_threshold(viewer, settings):
-    settings.JOBQUEUE = {"OPS_COUNT_CAP": 3}
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "OPS_COUNT_CAP": 3}
     JobFactory.create_batch(5)
     response = viewer.get(changelist())
     assert b"more than 3 jobs" in response.content
@@ -179,7 +179,7 @@ def test_an_action_skips_jobs_whose_state_does_not_allow_it(operator):
 
 
 def test_cancel_every_job_matching_the_filter_reaches_past_the_page(operator, settings):
-    settings.JOBQUEUE = {"OPS_BATCH_SIZE": 2}
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "OPS_BATCH_SIZE": 2}
     matching = JobFactory.create_batch(5, kind="email")
     other = JobFactory(kind="report")
     response = act(operator, "cancel_matching", [], query="?kind=email")

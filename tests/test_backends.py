@@ -440,7 +440,7 @@ def test_a_task_retries_on_its_own_backoff(settings):
     from queue_app.execution import run_one
     from queue_app.models import EventType
 
-    settings.JOBQUEUE = {"BACKOFF_BASE": 2, "BACKOFF_JITTER": False}
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "BACKOFF_BASE": 2, "BACKOFF_JITTER": False}
     result = tasks.fail.using(backoff={"base": 9, "max": 50}, max_attempts=3).enqueue()
     delays = []
     for _ in range(2):

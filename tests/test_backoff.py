@@ -1,10 +1,9 @@
 import doctest
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
-from django.utils import timezone
-
-from queue_app import backoff, bulk_enqueue, enqueue, transitions
+from queue_app import backoff, bulk_enqueue, enqueue, execution, transitions
+from queue_app.exceptions import InvalidJob
 from queue_app.models import Event, EventType, Job, State
 
 
@@ -28,14 +27,15 @@ WORKER = "test-host:1:backoff"
 
 
 def _fail_once(job):
-    """Claim ``job`` and fail its attempt; return (seconds to run_at, the recorded delay, job)."""
+    """Claim ``job`` and fail its attempt; return (seconds from the failure to run_at, the
+    recorded delay, job). Both ends come from the database: no clock of the test's own."""
     [claimed] = transitions.claim(WORKER, kinds=[job.kind])
     assert claimed.id == job.id
-    before = timezone.now()
     assert transitions.fail(job.id, worker_id=WORKER, attempt=claimed.attempts, error={"message": "no"}) == State.PENDING
     job.refresh_from_db()
     event = Event.objects.filter(job=job, type=EventType.FAILED).latest("id")
-    return (job.run_at - before).total_seconds(), event.metadata["delay"], job
+    assert datetime.fromisoformat(event.metadata["retry_at"]) == job.run_at
+    return (job.run_at - event.at).total_seconds(), event.metadata["delay"], job
 
 
 def _retry_now(job):
@@ -45,12 +45,12 @@ def _retry_now(job):
 
 @pytest.mark.django_db
 def test_a_job_retries_after_its_own_base_to_the_power_of_the_attempt(settings):
-    settings.JOBQUEUE = {"BACKOFF_BASE": 2, "BACKOFF_MAX_SECONDS": 3600, "BACKOFF_JITTER": False}
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "BACKOFF_BASE": 2, "BACKOFF_MAX_SECONDS": 3600, "BACKOFF_JITTER": False}
     job = enqueue("backoff-own-base", max_attempts=5, backoff_base=10)
     delays = []
     for _ in range(3):
         waited, delay, job = _fail_once(job)
-        assert delay - 1 <= waited <= delay + 1
+        assert waited == pytest.approx(delay, abs=0.001)
         delays.append(delay)
         _retry_now(job)
     assert delays == [10.0, 100.0, 1000.0]
@@ -58,12 +58,12 @@ def test_a_job_retries_after_its_own_base_to_the_power_of_the_attempt(settings):
 
 @pytest.mark.django_db
 def test_a_job_caps_its_delay_at_its_own_backoff_max(settings):
-    settings.JOBQUEUE = {"BACKOFF_BASE": 2, "BACKOFF_MAX_SECONDS": 3600, "BACKOFF_JITTER": False}
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "BACKOFF_BASE": 2, "BACKOFF_MAX_SECONDS": 3600, "BACKOFF_JITTER": False}
     job = enqueue("backoff-own-cap", max_attempts=5, backoff_base=10, backoff_max=timedelta(seconds=30))
     delays = []
     for _ in range(3):
         waited, delay, job = _fail_once(job)
-        assert waited <= 31
+        assert waited == pytest.approx(delay, abs=0.001)
         delays.append(delay)
         _retry_now(job)
     assert delays == [10.0, 30.0, 30.0]
@@ -71,7 +71,7 @@ def test_a_job_caps_its_delay_at_its_own_backoff_max(settings):
 
 @pytest.mark.django_db
 def test_a_job_without_overrides_follows_the_settings(settings):
-    settings.JOBQUEUE = {"BACKOFF_BASE": 3, "BACKOFF_MAX_SECONDS": 20, "BACKOFF_JITTER": False}
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "BACKOFF_BASE": 3, "BACKOFF_MAX_SECONDS": 20, "BACKOFF_JITTER": False}
     job = enqueue("backoff-defaults", max_attempts=5)
     assert (job.backoff_base, job.backoff_max, job.backoff_jitter) == (None, None, None)
     delays = []
@@ -84,7 +84,7 @@ def test_a_job_without_overrides_follows_the_settings(settings):
 
 @pytest.mark.django_db
 def test_a_job_can_turn_jitter_off_when_the_settings_turn_it_on(settings):
-    settings.JOBQUEUE = {"BACKOFF_BASE": 2, "BACKOFF_JITTER": True}
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "BACKOFF_BASE": 2, "BACKOFF_JITTER": True}
     job = enqueue("backoff-no-jitter", max_attempts=5, backoff_base=5, backoff_jitter=False)
     _, delay, job = _fail_once(job)
     assert delay == 5.0
@@ -92,7 +92,7 @@ def test_a_job_can_turn_jitter_off_when_the_settings_turn_it_on(settings):
 
 @pytest.mark.django_db
 def test_a_job_with_jitter_waits_anywhere_up_to_its_delay(settings):
-    settings.JOBQUEUE = {"BACKOFF_JITTER": False}
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "BACKOFF_JITTER": False}
     jobs = bulk_enqueue(
         [{"kind": "backoff-jitter", "max_attempts": 2, "backoff_base": 100, "backoff_jitter": True} for _ in range(20)]
     )
@@ -117,11 +117,16 @@ def test_an_explicit_retry_delay_still_wins_over_the_jobs_backoff():
 
 @pytest.mark.django_db
 def test_a_chained_follow_up_carries_its_own_backoff():
-    from queue_app.validation import enqueue_request
+    parent = enqueue("echo", on_success={"kind": "add", "payload": {"a": 1, "b": 2}, "backoff_base": 7, "backoff_max": 60})
 
-    req = enqueue_request(
-        "parent", {}, on_success={"kind": "child", "payload": {}, "backoff_base": 7, "backoff_max": 60}
-    )
-    assert req.on_success["backoff_base"] == 7
-    with pytest.raises(Exception, match="on_success: backoff_base 0 is out of range"):
-        enqueue_request("parent", {}, on_success={"kind": "child", "backoff_base": 0})
+    assert execution.run_one(worker_id=WORKER).id == parent.id
+
+    child = Job.objects.exclude(id=parent.id).get()
+    assert (child.kind, child.backoff_base, child.backoff_max) == ("add", 7, 60)
+
+
+@pytest.mark.django_db
+def test_a_chained_follow_up_with_an_out_of_range_backoff_is_refused():
+    with pytest.raises(InvalidJob, match="on_success: backoff_base 0 is out of range"):
+        enqueue("echo", on_success={"kind": "add", "backoff_base": 0})
+    assert not Job.objects.exists()

@@ -136,8 +136,8 @@ def test_partial_returns_only_the_live_region(viewer):
     assert 'data-count="pending">1<' in html
 
 
-@override_settings(JOBQUEUE={"DASHBOARD_PAGE_SIZE": 2})
-def test_jobs_list_filters_by_status_and_pages_by_cursor(viewer):
+def test_jobs_list_filters_by_status_and_pages_by_cursor(viewer, settings):
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "DASHBOARD_PAGE_SIZE": 2}
     dead = [JobFactory(dead=True) for _ in range(3)]
     JobFactory()
     first = viewer.get(url("jobs") + "?status=dead_letter").context["page"]
@@ -287,12 +287,12 @@ def test_queues_page_counts_live_jobs_per_queue_and_kind(viewer):
     assert rows == [{"queue": "mail", "kind": "email", "pending": 2, "leased": 0, "deadletter": 1}]
 
 
-def test_capped_paginator_stops_counting_at_the_cap():
+def test_capped_paginator_stops_counting_at_the_cap(settings):
     JobFactory.create_batch(5)
-    with override_settings(JOBQUEUE={"OPS_COUNT_CAP": 3}):
+    with override_settings(JOBQUEUE={**settings.JOBQUEUE, "OPS_COUNT_CAP": 3}):
         paginator = dashboard.CappedPaginator(Job.objects.all(), 2)
         assert (paginator.count, paginator.capped) == (4, True)
-    with override_settings(JOBQUEUE={"OPS_COUNT_CAP": 10}):
+    with override_settings(JOBQUEUE={**settings.JOBQUEUE, "OPS_COUNT_CAP": 10}):
         paginator = dashboard.CappedPaginator(Job.objects.all(), 2)
         assert (paginator.count, paginator.capped) == (5, False)
 
@@ -381,7 +381,7 @@ def test_web_serves_admin_and_static_files_with_gunicorn():
 
 
 def test_overview_stops_counting_history_at_the_cap_but_counts_live_jobs_exactly(viewer, settings):
-    settings.JOBQUEUE = {"DASHBOARD_COUNT_CAP": 2}
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "DASHBOARD_COUNT_CAP": 2}
     JobFactory.create_batch(3, state=State.COMPLETED)
     JobFactory.create_batch(3, dead=True)
     response = viewer.get(url("overview"))

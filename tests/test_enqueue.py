@@ -17,7 +17,7 @@ def nothing_written():
 
 
 def test_enqueue_uses_defaults_from_settings(settings):
-    settings.JOBQUEUE = {"DEFAULT_MAX_ATTEMPTS": 7, "DEFAULT_QUEUE": "main"}
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "DEFAULT_MAX_ATTEMPTS": 7, "DEFAULT_QUEUE": "main"}
     job = enqueue("echo")
     assert (job.queue_name, job.max_attempts, job.priority, job.payload) == ("main", 7, 0, {})
     assert job.was_created is True
@@ -107,7 +107,7 @@ def test_bad_kind_or_payload_is_refused_and_nothing_written(kind, payload, messa
 
 
 def test_payload_over_the_size_limit_is_refused(settings):
-    settings.JOBQUEUE = {"MAX_PAYLOAD_BYTES": 100}
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "MAX_PAYLOAD_BYTES": 100}
     with pytest.raises(InvalidJob, match="limit is 100"):
         enqueue("echo", {"blob": "x" * 200})
     assert nothing_written()

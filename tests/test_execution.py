@@ -52,7 +52,7 @@ def test_a_result_json_cannot_hold_dead_letters_the_job():
 
 
 def test_handlers_from_settings_are_loaded(settings):
-    settings.JOBQUEUE = {"HANDLERS": {"twice": "tests.test_execution.twice"}}
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "HANDLERS": {**settings.JOBQUEUE["HANDLERS"], "twice": "tests.test_execution.twice"}}
     registry.load_configured_handlers()
     enqueue("twice", {"n": 4})
     assert run_one().result == 8

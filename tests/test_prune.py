@@ -7,6 +7,7 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from queue_app import maintenance, metrics
+from queue_app.exceptions import InvalidJob
 from queue_app.models import DeadLetter, Event, EventCount, Job, State
 from tests.factories import DeadLetterFactory, EventFactory, JobFactory
 
@@ -74,5 +75,5 @@ def test_prune_refuses_bad_input_and_deletes_nothing(args, message):
 
 
 def test_prunable_never_includes_live_jobs():
-    with pytest.raises(Exception, match="cannot prune pending"):
+    with pytest.raises(InvalidJob, match="cannot prune pending"):
         maintenance.prunable(0, [State.PENDING])

@@ -68,7 +68,7 @@ def test_complete_stores_result_and_appends_completed_event(enqueue_job):
 
 
 def test_fail_with_attempts_left_returns_job_to_pending_with_backoff(enqueue_job, settings):
-    settings.JOBQUEUE = {"BACKOFF_BASE": 2, "BACKOFF_JITTER": False}
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "BACKOFF_BASE": 2, "BACKOFF_JITTER": False}
     enqueue_job("echo", {}, max_attempts=3)
     job = claim_one()
     before = timezone.now()

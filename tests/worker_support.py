@@ -5,6 +5,7 @@ subprocess has them too.
 """
 import multiprocessing
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -73,6 +74,47 @@ register_all()
 
 # --- processes ------------------------------------------------------------------------------
 
+# Every process the helpers below start; kill_survivors() (an autouse fixture in conftest
+# calls it after each test) kills what is still running, so a failed or hung test cannot
+# leave a worker holding the test database or keep pytest from exiting.
+_started = []
+
+
+def kill_survivors():
+    """Kill (SIGKILL) every process started here that is still running; return how many."""
+    killed = 0
+    while _started:
+        proc = _started.pop()
+        if isinstance(proc, subprocess.Popen):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+                killed += 1
+        elif proc.is_alive():
+            proc.kill()
+            proc.join()
+            killed += 1
+    return killed
+
+
+def join(proc, within=15):
+    """Wait for ``proc`` to exit and return its exit code; kill it and fail if it does
+    not exit within ``within`` seconds."""
+    proc.join(within)
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
+        raise AssertionError(f"worker process {proc.pid} did not exit within {within}s (killed)")
+    return proc.exitcode
+
+
+def stop(proc, sig=signal.SIGTERM, within=15):
+    """Send ``sig`` to a worker started by start_worker() and wait for it (see join())."""
+    if proc.is_alive():
+        os.kill(proc.pid, sig)
+    return join(proc, within)
+
+
 
 def start_worker(**options):
     """Fork a runworker supervisor (it inherits this process's settings, test database
@@ -81,6 +123,7 @@ def start_worker(**options):
     connections.close_all()
     proc = multiprocessing.get_context("fork").Process(target=_worker_main, args=(options,))
     proc.start()
+    _started.append(proc)
     return proc
 
 
@@ -100,13 +143,7 @@ def _worker_main(options):
 
 def run_worker(within=30, **options):
     """Run a worker to the end (burst or max_jobs) and return its exit code."""
-    proc = start_worker(**options)
-    proc.join(within)
-    if proc.is_alive():
-        proc.kill()
-        proc.join()
-        raise AssertionError(f"worker did not exit within {within}s")
-    return proc.exitcode
+    return join(start_worker(**options), within)
 
 
 def wait_for(predicate, timeout=10, interval=0.05, what="condition"):
@@ -131,13 +168,17 @@ def database_url():
 
 def manage(*args, **popen):
     """Start ``manage.py *args`` with the test database; return the Popen."""
-    env = dict(os.environ, DATABASE_URL=database_url(), PYTHONUNBUFFERED="1")
-    env.pop("SQLITE_TEST_NAME", None)
+    # The developer's JOBQUEUE_* exports would change the subprocess's settings (the
+    # in-process tests pin them in conftest); the project's defaults apply instead.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JOBQUEUE_") and k != "SQLITE_TEST_NAME"}
+    env.update(DATABASE_URL=database_url(), PYTHONUNBUFFERED="1")
     connections.close_all()
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         [sys.executable, str(ROOT / "manage.py"), *args],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen,
     )
+    _started.append(proc)
+    return proc
 
 
 def lease_settings(**overrides):
