@@ -36,6 +36,10 @@ DEFAULTS = {
     "BULK_BATCH_SIZE": 500,
     # kind -> "dotted.path.to.callable", merged into the handler registry at start-up.
     "HANDLERS": {},
+    # A kind nobody registered may name a django.tasks Task (``myapp.tasks.send``); only
+    # modules inside these packages are imported to find one. None means the packages of
+    # INSTALLED_APPS plus the project's (of the settings module and ROOT_URLCONF).
+    "TASK_MODULES": None,
     # `manage.py enqueue --command "..."` and the sample "shell" kind run shell commands
     # on the workers: off unless a project turns it on.
     "SHELL_JOBS": False,
@@ -128,6 +132,10 @@ DEFAULTS = {
     # Webhooks (webhooks.py): only these hosts may be called (exact names or IPs; a
     # leading "." allows subdomains). Empty refuses every webhook.
     "WEBHOOK_ALLOWED_HOSTS": [],
+    # A webhook host's resolved address must be public (not loopback, private, link-local,
+    # multicast, reserved, unspecified) unless it lies in one of these networks, e.g.
+    # ["10.1.2.0/24"] for an internal receiver.
+    "WEBHOOK_ALLOWED_NETWORKS": [],
     # With a secret, deliveries carry "X-Jobqueue-Signature: sha256=<hex HMAC of body>".
     "WEBHOOK_SECRET": None,
     "WEBHOOK_TIMEOUT": 10.0,
@@ -166,6 +174,14 @@ class QueueSettings:
 
 
 settings = QueueSettings(DEFAULTS)
+
+
+def project_packages():
+    """The top-level packages of the settings module and ROOT_URLCONF."""
+    from django.conf import settings as django_settings
+
+    paths = (getattr(django_settings, "SETTINGS_MODULE", None), getattr(django_settings, "ROOT_URLCONF", None))
+    return [path.partition(".")[0] for path in paths if isinstance(path, str) and path]
 
 
 def _reload(*, setting, **kwargs):

@@ -14,16 +14,23 @@ receivers should compare it in constant time.
 Safety: a payload must not turn the workers into a proxy for internal addresses. Only
 http and https URLs to hosts in ``WEBHOOK_ALLOWED_HOSTS`` are accepted, checked at
 enqueue time (the caller hears about it) and again at delivery (the setting may have
-changed). Redirects are not followed (a redirect could point anywhere), environment
-proxies are not used, and each attempt has ``WEBHOOK_TIMEOUT``. Any 2xx is success;
-anything else, a refused connection or a timeout fails the attempt.
+changed). A name is only as safe as its DNS, so delivery resolves the host once, drops
+every address that is not public (loopback, private, link-local, shared, multicast,
+reserved, unspecified; an IPv6 address that embeds an IPv4 one is judged by that) unless
+it lies in ``WEBHOOK_ALLOWED_NETWORKS``, and connects to a vetted address itself: a second
+lookup (DNS rebinding) never happens. The Host header, TLS SNI and the certificate check
+still use the URL's host name. Redirects are not followed (a redirect could point
+anywhere), environment proxies are not used, and each attempt has ``WEBHOOK_TIMEOUT``.
+Any 2xx is success; anything else, a refused connection or a timeout fails the attempt.
 """
 import hashlib
 import hmac
+import http.client
+import ipaddress
 import json
 import logging
-import urllib.error
-import urllib.request
+import socket
+import ssl
 from urllib.parse import urlsplit
 
 from queue_app.conf import settings
@@ -71,7 +78,56 @@ def check_url(url):
         raise InvalidJob("webhook_url may not carry credentials; set WEBHOOK_SECRET to sign deliveries", field)
     if not host_allowed(host):
         raise InvalidJob(f"webhook host {host!r} is not in the WEBHOOK_ALLOWED_HOSTS setting", field)
+    try:
+        literal = ipaddress.ip_address(host)
+    except ValueError:
+        literal = None  # a name: its addresses are vetted when it is resolved, at delivery
+    if literal is not None and not address_allowed(literal):
+        raise InvalidJob(f"webhook address {host} is not public and not in WEBHOOK_ALLOWED_NETWORKS", field)
     return url
+
+
+def _embedded_ipv4(ip):
+    """The IPv4 address an IPv6 one reaches (IPv4-mapped, 6to4, NAT64), else None."""
+    if ip.version != 6:
+        return None
+    if ip.ipv4_mapped or ip.sixtofour:
+        return ip.ipv4_mapped or ip.sixtofour
+    if ip in _NAT64:
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return None
+
+
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+
+
+def address_allowed(ip):
+    """Whether a webhook may connect to ``ip``: a public address, or one in WEBHOOK_ALLOWED_NETWORKS."""
+    # An IPv6 address that carries an IPv4 one reaches that IPv4 host: judge that one.
+    target = _embedded_ipv4(ip) or ip
+    networks = [ipaddress.ip_network(entry, strict=False) for entry in settings.WEBHOOK_ALLOWED_NETWORKS or ()]
+    if any(a.version == net.version and a in net for a in (ip, target) for net in networks):
+        return True
+    return target.is_global and not (
+        target.is_loopback or target.is_private or target.is_link_local or target.is_multicast
+        or target.is_reserved or target.is_unspecified
+    )
+
+
+def vetted_addresses(host, port):
+    """Resolve ``host`` once and return the addresses a webhook may connect to (raise if none)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise DeliveryFailed(f"webhook host {host!r} could not be resolved: {exc}") from None
+    found = list(dict.fromkeys(info[4][0] for info in infos))
+    allowed = [a for a in found if address_allowed(ipaddress.ip_address(a.partition("%")[0]))]
+    if not allowed:
+        raise DeliveryFailed(
+            f"webhook host {host!r} resolves to {', '.join(found)}: not public and not in "
+            "WEBHOOK_ALLOWED_NETWORKS"
+        )
+    return allowed
 
 
 def body_for(job, state, now, *, result=None, error=None):
@@ -117,12 +173,43 @@ def sign(data, secret):
     return "sha256=" + hmac.new(secret.encode(), data, hashlib.sha256).hexdigest()
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        raise urllib.error.HTTPError(req.full_url, code, f"redirect to {newurl} refused", headers, fp)
+def _connect(addresses, port, timeout):
+    """A socket to the first of ``addresses`` (IP literals: no lookup happens) that answers."""
+    error = None
+    for address in addresses:
+        try:
+            return socket.create_connection((address, port), timeout)
+        except OSError as exc:
+            error = exc
+    raise error
 
 
-_opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect)
+class _PinnedHTTP(http.client.HTTPConnection):
+    """An HTTP connection to vetted addresses; the Host header still names the URL's host."""
+
+    def __init__(self, host, port, addresses, timeout):
+        super().__init__(host, port, timeout=timeout)
+        self.addresses = addresses
+
+    def connect(self):
+        self.sock = _connect(self.addresses, self.port, self.timeout)
+
+
+class _PinnedHTTPS(http.client.HTTPSConnection):
+    """As _PinnedHTTP over TLS: SNI and the certificate check use the URL's host name."""
+
+    def __init__(self, host, port, addresses, timeout):
+        self.tls = ssl.create_default_context()
+        super().__init__(host, port, timeout=timeout, context=self.tls)
+        self.addresses = addresses
+
+    def connect(self):
+        sock = _connect(self.addresses, self.port, self.timeout)
+        try:
+            self.sock = self.tls.wrap_socket(sock, server_hostname=self.host)
+        except BaseException:
+            sock.close()
+            raise
 
 
 class DeliveryFailed(Exception):
@@ -132,15 +219,25 @@ class DeliveryFailed(Exception):
 def deliver(payload):
     """The ``queue_app.webhook`` handler: POST the body; raise (so the job retries) unless 2xx."""
     url = check_url(payload["url"])
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    addresses = vetted_addresses(parts.hostname, port)
     data = json.dumps(payload["body"], separators=(",", ":"), sort_keys=True).encode()
     headers = {"Content-Type": "application/json", "User-Agent": "jobqueue-webhook/1"}
     if settings.WEBHOOK_SECRET:
         headers[SIGNATURE_HEADER] = sign(data, settings.WEBHOOK_SECRET)
-    request = urllib.request.Request(url, data=data, headers=headers, method="POST")
+    connection_class = _PinnedHTTPS if parts.scheme == "https" else _PinnedHTTP
+    # http.client follows no redirects and uses no proxy: a 3xx is just a failed attempt.
+    conn = connection_class(parts.hostname, port, addresses, float(settings.WEBHOOK_TIMEOUT))
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     try:
-        with _opener.open(request, timeout=float(settings.WEBHOOK_TIMEOUT)) as response:
-            return {"status": response.status}
-    except urllib.error.HTTPError as exc:
-        raise DeliveryFailed(f"{url} answered {exc.code} {exc.reason}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        raise DeliveryFailed(f"{url} could not be reached: {getattr(exc, 'reason', exc)}") from None
+        conn.request("POST", target, body=data, headers=headers)
+        response = conn.getresponse()
+        response.read()
+    except (OSError, http.client.HTTPException) as exc:
+        raise DeliveryFailed(f"{url} could not be reached: {exc}") from None
+    finally:
+        conn.close()
+    if not 200 <= response.status < 300:
+        raise DeliveryFailed(f"{url} answered {response.status} {response.reason}")
+    return {"status": response.status}

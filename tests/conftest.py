@@ -51,6 +51,12 @@ def _kill_surviving_workers():
         support.kill_survivors()
 
 
+@pytest.fixture(autouse=True)
+def _test_task_modules(settings):
+    """Let the test modules' django.tasks functions resolve (tests/ is not an app)."""
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "TASK_MODULES": [*registry.task_modules(), "tests"]}
+
+
 @pytest.fixture
 def vendor():
     return connection.vendor

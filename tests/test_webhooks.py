@@ -21,6 +21,8 @@ def hooks(settings):
     settings.JOBQUEUE = {
         **settings.JOBQUEUE,
         "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"],
+        # The receiver is on loopback, which only an explicit network entry opens.
+        "WEBHOOK_ALLOWED_NETWORKS": ["127.0.0.1"],
         "WEBHOOK_SECRET": SECRET,
         "WEBHOOK_TIMEOUT": 2.0,
         "BACKOFF_BASE": 0.05,
