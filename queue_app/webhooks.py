@@ -33,6 +33,8 @@ import socket
 import ssl
 from urllib.parse import urlsplit
 
+from django.core.exceptions import ImproperlyConfigured
+
 from queue_app.conf import settings
 from queue_app.exceptions import InvalidJob
 from queue_app.models import State
@@ -105,7 +107,10 @@ def address_allowed(ip):
     """Whether a webhook may connect to ``ip``: a public address, or one in WEBHOOK_ALLOWED_NETWORKS."""
     # An IPv6 address that carries an IPv4 one reaches that IPv4 host: judge that one.
     target = _embedded_ipv4(ip) or ip
-    networks = [ipaddress.ip_network(entry, strict=False) for entry in settings.WEBHOOK_ALLOWED_NETWORKS or ()]
+    try:
+        networks = [ipaddress.ip_network(entry, strict=False) for entry in settings.WEBHOOK_ALLOWED_NETWORKS or ()]
+    except (TypeError, ValueError) as exc:
+        raise ImproperlyConfigured(f"JOBQUEUE['WEBHOOK_ALLOWED_NETWORKS']: {exc}") from None
     if any(a.version == net.version and a in net for a in (ip, target) for net in networks):
         return True
     return target.is_global and not (

@@ -8,6 +8,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 
 from queue_app import enqueue, webhooks
 from queue_app.exceptions import InvalidJob
@@ -167,3 +168,9 @@ def test_https_to_an_ip_the_certificate_does_not_name_fails(settings, tls_server
     with pytest.raises(webhooks.DeliveryFailed, match="IP address mismatch|doesn't match"):
         webhooks.deliver({"url": f"https://127.0.0.1:{tls_server.port}/hook", "body": BODY})
     assert tls_server.hosts == []
+
+
+def test_a_malformed_allowed_network_is_reported_as_a_configuration_error(settings):
+    allow(settings, [], ["10.0.0.0/33"])
+    with pytest.raises(ImproperlyConfigured, match="WEBHOOK_ALLOWED_NETWORKS.*10.0.0.0/33"):
+        webhooks.address_allowed(ipaddress.ip_address("10.0.0.1"))
