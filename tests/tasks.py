@@ -73,10 +73,16 @@ def spin(seconds):
 
 
 @task
-async def async_nap(seconds):
-    started = time.monotonic()
-    await asyncio.sleep(seconds)
-    return {"started": started, "ended": time.monotonic()}
+async def async_rendezvous(path, expected, patience=10):
+    """Sign in at ``path``, then wait (awaiting, not blocking) until ``expected`` tasks
+    have signed in; return how many had. Only tasks that run at the same time all see
+    ``expected``: one that ran alone gives up after ``patience`` seconds with fewer."""
+    with open(path, "a") as f:
+        f.write("here\n")
+    end = time.monotonic() + patience
+    while (seen := len(open(path).read().splitlines())) < expected and time.monotonic() < end:
+        await asyncio.sleep(0.01)
+    return seen
 
 
 @task(backoff={"base": 5, "max": 60, "jitter": False})

@@ -10,6 +10,7 @@ from queue_app import aborting, current_job, enqueue, execution, operations, reg
 from queue_app.exceptions import InvalidTransition
 from queue_app.models import EventType, Job, State
 from tests.factories import JobFactory
+from tests import worker_support
 from tests.worker_support import lease_settings, start_worker, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -77,9 +78,7 @@ def running(job):
 
 
 def stop(proc):
-    proc.terminate()
-    proc.join(15)
-    assert proc.exitcode == 0
+    assert worker_support.stop(proc, within=15) == 0
 
 
 @pytest.mark.parametrize("batch", [1, 5])

@@ -173,7 +173,10 @@ def test_requeue_and_retry_now_write_their_events(operator):
 
 def test_an_action_skips_jobs_whose_state_does_not_allow_it(operator):
     pending, done = JobFactory(), JobFactory(state=State.COMPLETED)
-    act(operator, "cancel", [pending.id, done.id])
+    response = act(operator, "cancel", [pending.id, done.id])
+    # The operator is told what was done: one job, not two.
+    assert "Cancel: 1 job done" in response.content.decode()
+    assert Job.objects.get(id=pending.id).state == State.CANCELLED
     assert Job.objects.get(id=done.id).state == State.COMPLETED
     assert not Event.objects.filter(job=done).exists()
 

@@ -237,19 +237,36 @@ def test_every_command_has_help_with_examples():
         assert "examples:" in text and f"manage.py {name}" in text, name
 
 
-# --- real processes: exit status 2 and nothing written ------------------------------------------
+# --- bad input: exit status 2 and nothing written -----------------------------------------------
 
 
-@pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize(
     "args, message",
     [
         (["enqueue", "--kind", "email", "--payload", "{not json"], "not valid JSON"),
-        (["enqueue", "--kind", "email", "--run-at", "2030-01-01T00:00:00Z", "--run-after", "5s"], "not allowed with"),
         (["enqueue", "--kind", "email", "--max-attempts", "-1"], "out of range"),
-        (["history", "987654"], "does not exist"),
         (["requeue", "987654"], "does not exist"),
         (["prune", "--older-than", "7d", "--state", "pending"], "cannot prune pending"),
+    ],
+)
+def test_bad_input_is_refused_with_status_2_and_leaves_the_database_unchanged(args, message):
+    dead_job()
+    enqueue("email", {"to": "a@example.com"})
+    before = dump()
+    with pytest.raises(CommandError, match=message) as err:
+        run(*args)
+    assert err.value.returncode == 2
+    assert dump() == before
+
+
+# Through a real process, once for each way a command refuses: argparse's own error and a
+# CommandError, both printed as one line with exit status 2.
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["enqueue", "--kind", "email", "--run-at", "2030-01-01T00:00:00Z", "--run-after", "5s"], "not allowed with"),
+        (["history", "987654"], "does not exist"),
     ],
 )
 def test_bad_input_in_a_real_process_exits_2_and_leaves_the_database_unchanged(args, message):

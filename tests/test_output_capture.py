@@ -167,8 +167,9 @@ def test_each_thread_captures_only_what_it_writes(capsys):
         t.start()
     print("from the main thread, not captured")
     for t in threads:
-        t.join()
+        t.join(30)
 
+    assert sorted(results) == list(range(8))
     for n, text in results.items():
         assert text == "".join(f"token-{n} {i}\n" for i in range(50))
     assert "from the main thread, not captured" in capsys.readouterr().out

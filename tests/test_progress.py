@@ -14,7 +14,7 @@ from queue_app import current_job, enqueue, execution, inspection, registry, run
 from queue_app.exceptions import InvalidJob
 from queue_app.models import EventType, Job, State
 from tests.factories import JobFactory
-from tests.worker_support import lease_settings, start_worker, wait_for
+from tests.worker_support import lease_settings, start_worker, stop, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -70,8 +70,7 @@ def test_progress_of_a_running_job_is_visible_from_another_connection_and_in_his
         wait_for(lambda: Job.objects.filter(id=job.id, state=State.COMPLETED).exists(),
                  what="the job to finish")
     finally:
-        proc.terminate()
-        proc.join(15)
+        assert stop(proc) == 0
     data = inspection.history(job.id)["job"]
     assert (data["progress"], data["progress_message"]) == (100, "done")
     assert data["metadata"] == {"rows": 7, "source": "s3"}

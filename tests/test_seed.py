@@ -4,7 +4,7 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
-from queue_app import fixtures, registry, samples
+from queue_app import fixtures, samples
 from queue_app.execution import run_one
 from queue_app.models import Job, State
 
@@ -39,8 +39,11 @@ def test_seed_refuses_an_unknown_workload_and_writes_nothing():
 def test_seeded_jobs_run_with_the_sample_handlers():
     samples.register()
     seed("--kind", "email", "--kind", "webhook", "--kind", "report", "--count", "1")
+    ran = []
     while (job := run_one(worker_id="w")) is not None:
         assert job.state == State.COMPLETED, job.last_error
+        ran.append(job.kind)
+    assert sorted(ran) == ["email", "report", "webhook"]
     assert Job.objects.get(kind="webhook").result["delivered"] is False
 
 
@@ -49,4 +52,3 @@ def test_shell_sample_refuses_to_run_unless_enabled(settings):
         samples.shell({"command": "echo hi"})
     settings.JOBQUEUE = {**settings.JOBQUEUE, "SHELL_JOBS": True}
     assert samples.shell({"command": "echo hi"})["stdout"] == "hi\n"
-    assert registry.get("email")

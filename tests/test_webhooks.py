@@ -30,8 +30,10 @@ def hooks(settings):
 
 
 @pytest.fixture
-def receiver():
-    """A real HTTP server on loopback that answers the statuses in ``plan`` in turn, then 200."""
+def idle_receiver():
+    """A real HTTP server on loopback that answers the statuses in ``plan`` in turn, then 200;
+    bound and listening, but serving only once ``start()`` is called: a test that forks a
+    worker does so first, so no serving thread runs (and holds a lock) across the fork."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self):
@@ -50,10 +52,17 @@ def receiver():
     server.calls, server.plan = [], []
     server.url = f"http://127.0.0.1:{server.server_address[1]}/hook"
     thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    server.start = thread.start
     yield server
-    server.shutdown()
+    if thread.is_alive():
+        server.shutdown()
     server.server_close()
+
+
+@pytest.fixture
+def receiver(idle_receiver):
+    idle_receiver.start()
+    return idle_receiver
 
 
 @pytest.mark.django_db
@@ -137,11 +146,13 @@ def test_delivery_refuses_a_host_removed_from_the_allow_list_since_enqueue(hooks
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_receiver_that_fails_twice_then_accepts_gets_one_delivery_through_a_real_worker(hooks, receiver):
+def test_a_receiver_that_fails_twice_then_accepts_gets_one_delivery_through_a_real_worker(hooks, idle_receiver):
+    receiver = idle_receiver
     receiver.plan = [500, 503]
     job = enqueue("echo", {"hello": "world"}, webhook_url=receiver.url)
-    code = worker_support.run_worker(within=30, max_jobs=4, batch=1, poll=0.02)
-    assert code == 0
+    proc = worker_support.start_worker(max_jobs=4, batch=1, poll=0.02)
+    receiver.start()  # after the fork; the worker's requests wait in the listen backlog till then
+    assert worker_support.join(proc, within=30) == 0
     delivery = Job.objects.get(kind=webhooks.KIND)
     assert delivery.state == State.COMPLETED and delivery.attempts == 3
     assert [e.type for e in delivery.events.all()].count("failed") == 2
