@@ -7,7 +7,6 @@ import hmac
 import json
 import os
 import time
-import urllib.request
 
 from queue_app import registry
 from queue_app import shell as shell_kind
@@ -45,12 +44,14 @@ def webhook(payload):
     signature = hmac.new(str(payload.get("secret", "")).encode(), body, hashlib.sha256).hexdigest()
     if payload.get("dry_run") or not payload.get("url"):
         return {"signature": signature, "delivered": False}
-    request = urllib.request.Request(
-        payload["url"], data=body, method="POST",
-        headers={"Content-Type": "application/json", "X-Signature-SHA256": signature},
+    # The same guarded POST as job webhooks: only WEBHOOK_ALLOWED_HOSTS, vetted addresses,
+    # no redirects or proxies, so a payload cannot make a worker call internal services.
+    from queue_app import webhooks
+
+    status = webhooks.post(
+        payload["url"], body, {"Content-Type": "application/json", "X-Signature-SHA256": signature}
     )
-    with urllib.request.urlopen(request, timeout=float(payload.get("timeout", 10))) as response:
-        return {"signature": signature, "delivered": True, "status": response.status}
+    return {"signature": signature, "delivered": True, "status": status}
 
 
 def crashy(payload, job):

@@ -221,16 +221,16 @@ class DeliveryFailed(Exception):
     pass
 
 
-def deliver(payload):
-    """The ``queue_app.webhook`` handler: POST the body; raise (so the job retries) unless 2xx."""
-    url = check_url(payload["url"])
+def post(url, data, headers):
+    """POST ``data`` to an allow-listed http(s) URL over a vetted address; return the status.
+
+    Raise InvalidJob for a URL or address the settings refuse, DeliveryFailed when the
+    server cannot be reached or does not answer 2xx.
+    """
+    url = check_url(url)
     parts = urlsplit(url)
     port = parts.port or (443 if parts.scheme == "https" else 80)
     addresses = vetted_addresses(parts.hostname, port)
-    data = json.dumps(payload["body"], separators=(",", ":"), sort_keys=True).encode()
-    headers = {"Content-Type": "application/json", "User-Agent": "jobqueue-webhook/1"}
-    if settings.WEBHOOK_SECRET:
-        headers[SIGNATURE_HEADER] = sign(data, settings.WEBHOOK_SECRET)
     connection_class = _PinnedHTTPS if parts.scheme == "https" else _PinnedHTTP
     # http.client follows no redirects and uses no proxy: a 3xx is just a failed attempt.
     conn = connection_class(parts.hostname, port, addresses, float(settings.WEBHOOK_TIMEOUT))
@@ -245,4 +245,13 @@ def deliver(payload):
         conn.close()
     if not 200 <= response.status < 300:
         raise DeliveryFailed(f"{url} answered {response.status} {response.reason}")
-    return {"status": response.status}
+    return response.status
+
+
+def deliver(payload):
+    """The ``queue_app.webhook`` handler: POST the body; raise (so the job retries) unless 2xx."""
+    data = json.dumps(payload["body"], separators=(",", ":"), sort_keys=True).encode()
+    headers = {"Content-Type": "application/json", "User-Agent": "jobqueue-webhook/1"}
+    if settings.WEBHOOK_SECRET:
+        headers[SIGNATURE_HEADER] = sign(data, settings.WEBHOOK_SECRET)
+    return {"status": post(payload["url"], data, headers)}

@@ -174,3 +174,13 @@ def test_a_malformed_allowed_network_is_reported_as_a_configuration_error(settin
     allow(settings, [], ["10.0.0.0/33"])
     with pytest.raises(ImproperlyConfigured, match="WEBHOOK_ALLOWED_NETWORKS.*10.0.0.0/33"):
         webhooks.address_allowed(ipaddress.ip_address("10.0.0.1"))
+
+
+def test_the_webhook_sample_refuses_a_host_outside_the_allow_list(settings):
+    from queue_app import samples
+    from queue_app.exceptions import InvalidJob
+
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "WEBHOOK_ALLOWED_HOSTS": ["hooks.example.com"]}
+    with pytest.raises(InvalidJob):
+        samples.webhook({"url": "http://169.254.169.254/latest/meta-data", "body": {}})
+    assert samples.webhook({"url": "http://169.254.169.254/", "body": {}, "dry_run": True})["delivered"] is False
