@@ -105,7 +105,9 @@ def settles_alone(job):
     a django.tasks job's task_finished waits for its outcome to be recorded."""
     try:
         return registry.is_task(registry.get(job.kind))
-    except UnknownKind:
+    except Exception:
+        # Unknown, or its module fails to import: call_handler() meets the same error
+        # and fails the attempt through the usual path.
         return False
 
 

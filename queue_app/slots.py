@@ -15,16 +15,21 @@ class Slots:
     Then two cells for the whole child: a clean-exit flag and the count of jobs it
     finished. Then (id, attempt) pairs of jobs that finished but whose batched
     acknowledgement is not yet committed: if the child dies, the supervisor records
-    those as run-and-lost rather than unstarted. Doubles hold ids exactly up to 2**53.
+    those as run-and-lost rather than unstarted. Then (id, attempt, abort id) of jobs
+    claimed but not started yet (the child's buffer), so the supervisor renews exactly
+    what the child still holds, releases exactly what it never started, and can flag an
+    abort before the job starts. Doubles hold ids exactly up to 2**53.
     """
 
     WIDTH = 5
 
-    def __init__(self, threads, acks=0):
+    def __init__(self, threads, acks=0, buffered=0):
         self.threads = threads
         self.ack_base = threads * self.WIDTH + 2
-        self.cells = RawArray(ctypes.c_double, self.ack_base + 2 * acks)
+        self.buffer_base = self.ack_base + 2 * acks
+        self.cells = RawArray(ctypes.c_double, self.buffer_base + 3 * buffered)
         self.free_acks = list(range(acks))  # used only by the child, after the fork
+        self.free_buffered = list(range(buffered))  # likewise
 
     def hold_ack(self, job_id, attempt):
         """Note a finished, unacknowledged job; return its cell for drop_acks()."""
@@ -41,9 +46,54 @@ class Slots:
     def unacked(self):
         """Return [(job_id, attempt)] of finished jobs whose acknowledgement was pending."""
         out = []
-        for i in range(self.ack_base, len(self.cells), 2):
+        for i in range(self.ack_base, self.buffer_base, 2):
             if self.cells[i]:
                 out.append((int(self.cells[i]), int(self.cells[i + 1])))
+        return out
+
+    def hold_buffered(self, job_id, attempt):
+        """Note a claimed job waiting in the child's buffer; return its cell."""
+        i = self.free_buffered.pop()
+        base = self.buffer_base + 3 * i
+        self.cells[base + 2] = 0
+        self.cells[base + 1] = attempt
+        self.cells[base] = job_id
+        return i
+
+    def buffered_abort_requested(self, i, job_id):
+        return int(self.cells[self.buffer_base + 3 * i + 2]) == job_id
+
+    def drop_buffered(self, i):
+        """Forget a buffered job: started (its running cell is set first), or given back."""
+        self.cells[self.buffer_base + 3 * i] = 0
+        self.free_buffered.append(i)
+
+    def buffered(self):
+        """Return [(job_id, attempt, abort flagged)] of the jobs waiting in the buffer."""
+        out = []
+        for base in range(self.buffer_base, len(self.cells), 3):
+            job_id = int(self.cells[base])
+            if job_id:
+                out.append((job_id, int(self.cells[base + 1]), int(self.cells[base + 2]) == job_id))
+        return out
+
+    def request_buffered_abort(self, job_id):
+        """Flag buffered ``job_id`` so the child cancels it instead of starting it; return
+        whether it was still buffered. An id, not a bit: a flag that lands on a cell
+        reused meanwhile names another job and is inert."""
+        for base in range(self.buffer_base, len(self.cells), 3):
+            if int(self.cells[base]) == job_id:
+                self.cells[base + 2] = job_id
+                return True
+        return False
+
+    def held(self):
+        """Return {job_id: attempt} of every job the child holds a lease on: running,
+        finished awaiting its acknowledgement, or buffered. What it gave up on (its
+        outcome could not be recorded) is absent, so its lease lapses."""
+        out = {job_id: attempt for job_id, attempt, _ in self.buffered()}
+        out.update(self.unacked())
+        out.update((job_id, attempt) for job_id, attempt, _, _ in self.running())
         return out
 
     def start(self, i, job_id, attempt, timeout):

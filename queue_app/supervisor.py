@@ -10,22 +10,28 @@ what only a process that outlives them can do.
 - Crashes: a child that dies on its own (os._exit, segfault) has the job it was running
   failed with the exit status as the error, its unstarted claims released, and is
   replaced.
-- Heartbeat: renews the leases of every job its children hold (so a child busy in C
-  code still keeps its lease) and stamps the registry row, where it also reads stop
-  requests.
+- Heartbeat: renews the leases of the jobs its children report holding in shared
+  memory (running, finished awaiting their acknowledgement, buffered), so a child busy
+  in C code still keeps its leases, while a job whose outcome a child could not record
+  (it gave up on it) is not renewed: its lease lapses and recovery takes it back with
+  its attempt spent. It also stamps the registry row, where it reads stop requests.
 - Recovery of expired leases at start and every recovery interval.
 - Shutdown: the first SIGTERM/SIGINT (or a stop request) tells the children to stop
-  leasing and finish; after the grace period what is still leased is released. A second
-  signal kills the children at once; their leases lapse and are recovered.
+  leasing and finish; after the grace period the children are killed: a job still
+  running fails (its attempt spent, so a job longer than the grace cannot run forever
+  across deploys), one never started is released. A second signal kills the children
+  at once; their leases lapse and are recovered (or taken back when the name restarts).
 
-Each child leases under its own owner id, ``<worker name>/<slot>.<generation>``, so the
-supervisor can settle exactly a dead child's jobs and nobody else's.
+Each child leases under its own owner id, ``<worker name>/<run token>/<slot>.<generation>``:
+unique to this run, so the supervisor settles exactly a dead child's jobs, and a later
+worker reusing the name never renews (adopts) this run's leases.
 """
 import logging
 import multiprocessing
 import os
 import signal
 import time
+import uuid
 
 from django.db import connections
 
@@ -72,6 +78,14 @@ def _crash_error(how, finished=False):
     }
 
 
+def _shutdown_error(grace):
+    return {
+        "type": "WorkerStopped",
+        "message": f"killed at shutdown: the job was still running when the {grace:g}s grace period ended",
+        "traceback": "",
+    }
+
+
 def _describe(status):
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
@@ -95,6 +109,7 @@ class Supervisor:
         self.record = None
         self.done_by_gone = 0
         self.next_abort_check = 0.0
+        self.run_token = uuid.uuid4().hex[:12]
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -147,7 +162,7 @@ class Supervisor:
                     next_schedule = now + float(settings.SCHEDULE_INTERVAL)
                     self._guard(scheduling.tick)
                 if self.stopping and self.children and now >= self.stop_deadline:
-                    self._kill_all("grace period over")
+                    self._kill_all("grace period over", settle=True)
                 if not self.children:
                     break
                 time.sleep(TICK)
@@ -177,11 +192,14 @@ class Supervisor:
         return 1
 
     def _finish(self):
-        # Anything a child left leased (killed at the end of the grace period, or a bug)
-        # goes back to pending: claimed here, not finished here.
-        for owner, held in self._guard(workers.leased_by, self.options.name, default={}).items():
+        # The children released what they never started, and the killed ones were settled.
+        # Still leased here: jobs a child gave up on (their outcome could not be recorded).
+        # Their handlers may have run, so they are not released (that would refund the
+        # attempt): their leases lapse and recovery spends it.
+        for owner, held in self._guard(workers.leased_by, self._owner_prefix(), default={}).items():
             for job_id, attempt in held:
-                self._guard(transitions.release, job_id, worker_id=owner, attempt=attempt)
+                log.warning("left leased id=%s attempt=%s worker=%s: its lease lapses and recovery takes it",
+                            job_id, attempt, owner)
         self._guard(workers.deregister, self.record.id, jobs_done=self._jobs_done())
         log.info("worker %s stopped after %s jobs", self.options.name, self._jobs_done())
 
@@ -190,11 +208,12 @@ class Supervisor:
     def _spawn(self, slot):
         self.generations[slot] += 1
         gen = self.generations[slot]
-        owner = f"{self.options.name}/{slot}.{gen}"
+        owner = f"{self._owner_prefix()}{slot}.{gen}"
         # Batched acks flush at `batch` pending, so at most batch + threads - 1 fill while
         # as many wait for the one flush in flight to commit (worker.Loop.flush_lock).
         acks = 2 * (self.options.batch + self.options.threads) if self.options.batch > 1 else 0
-        slots = Slots(self.options.threads, acks)
+        # A child claims at most `batch` at a time, and only into an empty buffer.
+        slots = Slots(self.options.threads, acks, buffered=self.options.batch)
         # No socket or SQLite handle may be shared across the fork.
         connections.close_all()
         parent = os.getpid()
@@ -204,13 +223,18 @@ class Supervisor:
         self.children[pid] = Child(slot, gen, owner, slots, pid)
         log.debug("spawned child pid=%s owner=%s", pid, owner)
 
+    def _owner_prefix(self):
+        return workers.owner_prefix(self.options.name, self.run_token)
+
     def _signal(self, child, sig):
         try:
             os.kill(child.pid, sig)
         except ProcessLookupError:
             pass
 
-    def _kill_all(self, why):
+    def _kill_all(self, why, settle=False):
+        """Kill every child; with ``settle``, record what each had in hand as for a child
+        that died (else only the jobs it finished: the rest's leases lapse)."""
         for child in list(self.children.values()):
             log.warning("killing child pid=%s (%s)", child.pid, why)
             self._signal(child, signal.SIGKILL)
@@ -218,7 +242,10 @@ class Supervisor:
             _, status = os.waitpid(pid, 0)
             self.done_by_gone += child.slots.done
             del self.children[pid]
-            self._settle_unacked(child, _describe(status))
+            if settle:
+                self._settle_dead_child(child, status, shutdown=True)
+            else:
+                self._settle_unacked(child, _describe(status))
 
     def _settle_unacked(self, child, how):
         # Their handlers ran; only the record was lost. Failing them (not releasing)
@@ -248,9 +275,12 @@ class Supervisor:
                 if not self.stopping:
                     self._spawn(child.slot)
 
-    def _settle_dead_child(self, child, status):
+    def _settle_dead_child(self, child, status, shutdown=False):
+        """Record what a dead child had in hand; ``shutdown``: it was killed at the end of
+        the shutdown grace period."""
         how = _describe(status)
-        for job_id, attempt, _, _ in child.slots.running():
+        running = child.slots.running()
+        for job_id, attempt, _, _ in running:
             if job_id in child.aborts:
                 # Killed for ignoring its abort (or died meanwhile): what was asked for.
                 why = "was killed after the abort grace" if child.killed_for_abort else f"process {how}"
@@ -261,6 +291,9 @@ class Supervisor:
             if child.timed_out and child.timed_out[0] == job_id:
                 error = _timeout_error(job_id, child.timed_out[2])
                 log.warning("timed out id=%s attempt=%s worker=%s", job_id, attempt, child.owner)
+            elif shutdown:
+                error = _shutdown_error(self.options.grace)
+                log.warning("killed at shutdown id=%s attempt=%s worker=%s", job_id, attempt, child.owner)
             else:
                 error = _crash_error(how)
                 log.warning("crashed id=%s attempt=%s worker=%s: child %s", job_id, attempt, child.owner, how)
@@ -268,12 +301,12 @@ class Supervisor:
                 # A django.tasks job's child sent task_started and died: task_finished is sent here.
                 self._guard(task_results.finished_elsewhere, job_id)
         self._settle_unacked(child, how)
-        # Claimed but never started: give them back without spending an attempt.
-        for owner, held in self._guard(workers.leased_by, self.options.name, default={}).items():
-            if owner != child.owner:
-                continue
-            for job_id, attempt in held:
-                self._guard(transitions.release, job_id, worker_id=owner, attempt=attempt)
+        # Claimed but never started: give them back without spending an attempt. Only
+        # what the child reported buffered: a job it gave up on may have run.
+        started = {job_id for job_id, _, _, _ in running}
+        for job_id, attempt, _ in child.slots.buffered():
+            if job_id not in started:  # a job moving to its thread shows in both for an instant
+                self._guard(transitions.release, job_id, worker_id=child.owner, attempt=attempt)
 
     def _enforce_timeouts(self):
         now = time.monotonic()
@@ -296,8 +329,19 @@ class Supervisor:
                 for job_id, attempt, _, _ in child.slots.running()
                 if job_id not in child.aborts
             }
+            # Claimed but not started: flagged, the child cancels it instead of starting it.
+            waiting = {
+                job_id: child
+                for child in self.children.values()
+                for job_id, _, flagged in child.slots.buffered()
+                if not flagged and job_id not in running
+            }
             grace = float(settings.ABORT_GRACE_SECONDS)
-            for job_id in self._guard(aborting.requested, list(running), default=()):
+            for job_id in self._guard(aborting.requested, [*running, *waiting], default=()):
+                if job_id in waiting:
+                    # Started meanwhile: flagged as running on the next check.
+                    waiting[job_id].slots.request_buffered_abort(job_id)
+                    continue
                 child, attempt = running[job_id]
                 if child.slots.request_abort(job_id):
                     child.aborts[job_id] = (attempt, now + grace)
@@ -320,14 +364,12 @@ class Supervisor:
     # --- database chores -----------------------------------------------------------------
 
     def _heartbeat(self):
-        held = self._guard(workers.leased_by, self.options.name, default={})
         in_hand = 0
-        for owner, jobs in held.items():
-            in_hand += len(jobs)
-            self._guard(
-                transitions.renew, [job_id for job_id, _ in jobs], worker_id=owner,
-                lease_seconds=self.options.lease,
-            )
+        for child in list(self.children.values()):
+            held = child.slots.held()
+            in_hand += len(held)
+            if held:
+                self._guard(transitions.renew, list(held), worker_id=child.owner, lease_seconds=self.options.lease)
         self._guard(workers.heartbeat, self.record.id, jobs_in_hand=in_hand, jobs_done=self._jobs_done())
 
     def _recover(self):

@@ -675,14 +675,21 @@ def renew(job_ids, *, worker_id, lease_seconds=None, using=None):
     return ids
 
 
-def recover(*, limit=500, now=None, using=None):
+def recover(*, limit=500, now=None, owned_by=None, using=None):
     """Take back leases past their deadline: each consumes its attempt and goes to
-    pending, or to dead_letter when none are left. Return [(id, new_state)]."""
+    pending, or to dead_letter when none are left. Return [(id, new_state)].
+
+    With ``owned_by`` (a lease-owner prefix: a stopped worker's name), take back that
+    worker's leases whatever their deadline: nobody will settle or renew them."""
     db = _db(using)
     now = now or timezone.now()
     out = []
     with transaction.atomic(using=db):
-        qs = Job.objects.using(db).expired(now).order_by("lease_expires_at", "id")
+        if owned_by is None:
+            qs = Job.objects.using(db).expired(now)
+        else:
+            qs = Job.objects.using(db).leased().filter(lease_owner__startswith=owned_by)
+        qs = qs.order_by("lease_expires_at", "id")
         if connections[db].features.has_select_for_update_skip_locked:
             # Two workers recovering at once split the work instead of waiting on each other.
             qs = qs.select_for_update(skip_locked=True)
@@ -693,7 +700,8 @@ def recover(*, limit=500, now=None, using=None):
         for job in jobs:
             error = {
                 "type": "LeaseExpired",
-                "message": f"lease held by {job.lease_owner} expired at {job.lease_expires_at.isoformat()}",
+                "message": f"lease held by {job.lease_owner} expired at {job.lease_expires_at.isoformat()}"
+                if owned_by is None else f"lease held by {job.lease_owner}, of a worker that had stopped",
                 "traceback": "",
             }
             to = State.PENDING if job.attempts < job.max_attempts else State.DEAD_LETTER
@@ -715,7 +723,9 @@ def recover(*, limit=500, now=None, using=None):
                 )
             )
             out.append((job.id, to))
-        lapsed = {"id__in": back + dead + aborted, "state": State.LEASED, "lease_expires_at__lt": now}
+        lapsed = {"id__in": back + dead + aborted, "state": State.LEASED}
+        if owned_by is None:
+            lapsed["lease_expires_at__lt"] = now
         if aborted:
             Job.objects.using(db).filter(**{**lapsed, "id__in": aborted}).update(
                 state=State.CANCELLED, finished_at=now, lease_owner=None, lease_expires_at=None,

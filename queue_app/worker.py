@@ -118,6 +118,9 @@ class Loop:
         self.budget = budget
         self.buffer = deque()
         self.lock = threading.Lock()
+        # job id -> its Slots buffer cell, for the jobs in self.buffer.
+        self.buffered = {}
+        self.cell_lock = threading.Lock()
         self.stopping = threading.Event()
         self.waiter = None
         self.acks = []
@@ -190,6 +193,9 @@ class Loop:
                     jobs = []
                 self.budget.give_back(limit - len(jobs))
                 if jobs:
+                    with self.cell_lock:
+                        for job in jobs:
+                            self.buffered[job.id] = self.slots.hold_buffered(job.id, job.attempts)
                     self.buffer.extend(jobs)
                     continue
                 if self.options.burst:
@@ -198,11 +204,16 @@ class Loop:
             return None
 
     def _run(self, i, job):
+        cell = self.buffered[job.id]
+        if self.slots.buffered_abort_requested(cell, job.id):
+            return self._abort_unstarted(job)
         timeout = job.timeout if job.timeout is not None else self.options.timeout
         if timeout:
             # This job may get the process killed: settle the finished ones first.
             self._flush_acks()
         self.slots.start(i, job.id, job.attempts, timeout)
+        # Only now: the supervisor always sees the job as buffered or running.
+        self._unbuffer(job)
         # The supervisor flags an abort request in this thread's cell (aborting.py).
         probe = functools.partial(self.slots.abort_requested, i, job.id)
         try:
@@ -216,6 +227,22 @@ class Loop:
             connection.close()
         finally:
             self.slots.clear(i)
+            self.slots.add_done()
+
+    def _unbuffer(self, job):
+        with self.cell_lock:
+            self.slots.drop_buffered(self.buffered.pop(job.id))
+
+    def _abort_unstarted(self, job):
+        """Cancel a claimed job whose abort the supervisor flagged before it started."""
+        try:
+            transitions.abort(job.id, worker_id=self.owner, attempt=job.attempts,
+                              how="was not started (its abort was requested while it waited its turn)")
+        except Exception:
+            log.exception("could not cancel id=%s worker=%s; its lease will lapse", job.id, self.owner)
+            connection.close()
+        finally:
+            self._unbuffer(job)
             self.slots.add_done()
 
     def _execute_batched(self, job, abort_probe=None):
@@ -294,6 +321,8 @@ class Loop:
                 transitions.release(job.id, worker_id=self.owner, attempt=job.attempts)
             except Exception:
                 log.exception("could not release id=%s; its lease will lapse", job.id)
+            finally:
+                self._unbuffer(job)
         connection.close()
 
 

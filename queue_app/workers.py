@@ -11,6 +11,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from queue_app import transitions
 from queue_app.conf import settings
 from queue_app.models import Job, Worker, WorkerState
 
@@ -23,8 +24,14 @@ def register(name, *, pid, queues, kinds, concurrency, threads):
     """Record a starting worker and return its row.
 
     A name may be reused once its previous holder has stopped or been lost; a live
-    worker's name is refused (NameInUse) so two processes never share lease owners.
+    worker's name is refused (NameInUse). A stopped run killed its children, so what its
+    children still hold (left by a second signal, or given up on) is recovered here, in
+    the same transaction, rather than left to lapse; a lost one's leases lapse as usual,
+    since it may still be running.
     """
+    if "/" in name:
+        # "/" ends the name in lease owner ids (owner_prefix): "a/b" would pass for a run of "a".
+        raise NameInUse(f"worker name {name!r} may not contain '/'")
     now = timezone.now()
     fields = {
         "host": socket.gethostname(),
@@ -45,8 +52,12 @@ def register(name, *, pid, queues, kinds, concurrency, threads):
         old = Worker.objects.select_for_update().filter(name=name).first()
         if old is None:
             return Worker.objects.create(name=name, **fields)
-        if status(old, now) not in (WorkerState.STOPPED, "lost"):
+        previous = status(old, now)
+        if previous not in (WorkerState.STOPPED, "lost"):
             raise NameInUse(f"a worker named {name!r} is already running (pid {old.pid} on {old.host})")
+        if previous == WorkerState.STOPPED:
+            while transitions.recover(owned_by=f"{name}/", now=now):
+                pass
         for key, value in fields.items():
             setattr(old, key, value)
         old.save()
@@ -129,15 +140,22 @@ def listing(*, include_stopped=False, now=None):
     return rows
 
 
-def owners_filter(name):
-    """Match the lease_owner of every child process of worker ``name``."""
-    return Q(lease_owner__startswith=f"{name}/")
+def owner_prefix(name, token):
+    """The start of every lease owner id of one run of worker ``name``: a run's own
+    ``token`` keeps a later run under the same name from taking its leases for its own."""
+    return f"{name}/{token}/"
 
 
-def leased_by(name):
-    """Ids and attempts of the jobs leased to worker ``name``'s children, by owner."""
+def owners_filter(prefix):
+    """Match the lease_owner of every child process under ``prefix`` (owner_prefix(), or
+    ``<name>/`` for every run of a name)."""
+    return Q(lease_owner__startswith=prefix)
+
+
+def leased_by(prefix):
+    """Ids and attempts of the jobs leased under ``prefix`` (owners_filter()), by owner."""
     out = {}
-    for job_id, owner, attempt in Job.objects.leased().filter(owners_filter(name)).values_list(
+    for job_id, owner, attempt in Job.objects.leased().filter(owners_filter(prefix)).values_list(
         "id", "lease_owner", "attempts"
     ):
         out.setdefault(owner, []).append((job_id, attempt))

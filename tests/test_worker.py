@@ -243,19 +243,26 @@ def test_sigterm_finishes_the_running_job_and_releases_the_claimed_ones(tmp_path
     assert Worker.objects.get().state == WorkerState.STOPPED
 
 
-def test_job_still_running_when_the_grace_period_ends_is_released(tmp_path):
+def test_job_still_running_when_the_grace_period_ends_fails_and_its_unstarted_claims_are_released(tmp_path):
     marker = tmp_path / "started"
-    job = enqueue("mark", {"path": str(marker), "seconds": 60})
-    proc = start_worker(grace=0.3)
+    # One attempt: a job longer than the grace would otherwise run again at every deploy.
+    job = enqueue("mark", {"path": str(marker), "seconds": 60}, max_attempts=1, priority=10)
+    waiting = enqueue("echo")  # claimed in the same batch, never started
+    proc = start_worker(grace=0.3, batch=5)
     wait_for(marker.exists, what="the job to start")
 
     # Well inside the 15s stop() allows, so the 60s job did not run to its end.
     assert stop(proc) == 0
 
     job.refresh_from_db()
-    assert job.state == State.PENDING
-    assert job.attempts == 0
-    assert events(job)[-1] == EventType.RELEASED
+    assert (job.state, job.attempts) == (State.DEAD_LETTER, 1)
+    assert job.last_error["type"] == "WorkerStopped"
+    assert "killed at shutdown" in job.last_error["message"]
+    assert "0.3s grace period" in job.last_error["message"]
+    assert EventType.RELEASED not in events(job)
+    waiting.refresh_from_db()
+    assert (waiting.state, waiting.attempts) == (State.PENDING, 0)
+    assert events(waiting)[-1] == EventType.RELEASED
 
 
 def test_second_signal_stops_at_once_and_leaves_the_lease_to_lapse(tmp_path):
