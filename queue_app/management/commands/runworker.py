@@ -1,27 +1,10 @@
 """manage.py runworker: run jobs until stopped (SIGTERM/SIGINT or `stopworkers`)."""
-import argparse
 import importlib
 
 from django.core.management.base import BaseCommand, CommandError
 
-from queue_app import durations, worker, workers
-
-
-def duration(text):
-    try:
-        return durations.parse(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def positive_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid count {text!r}: expected a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"invalid count {text!r}: must be at least 1")
-    return value
+from queue_app import worker, workers
+from queue_app.cli import duration, positive_int
 
 
 class Command(BaseCommand):

@@ -4,7 +4,7 @@ import time
 from django.core.management.base import BaseCommand, CommandError
 
 from queue_app import workers
-from queue_app.management.commands.runworker import duration
+from queue_app.cli import duration
 from queue_app.models import Worker, WorkerState
 
 
