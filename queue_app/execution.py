@@ -96,7 +96,7 @@ def execute(job, worker_id, *, abort_probe=None, using=None):
 def _settled(job, state, using):
     """Return ``state`` once Django's task_finished went out for a django.tasks job: after
     the outcome is recorded, and inside the caller's exception handler if it failed."""
-    task_results.finished(job, using=using)
+    task_results.finished(job, state=state, using=using)
     return state
 
 

@@ -196,7 +196,7 @@ def run(job, task):
         return value
 
 
-def finished(job, *, using=None):
+def finished(job, *, state=None, using=None):
     """Send task_finished for a Task job whose attempt run() started in this process,
     after its outcome was recorded: the TaskResult is read back from the row.
 
@@ -205,7 +205,7 @@ def finished(job, *, using=None):
     """
     started = job.__dict__.pop("_task_started", None)
     if started is not None:
-        _send_finished(job.id, *started, using=using or _db(job))
+        _send_finished(job.id, *started, state=state, using=using or _db(job))
 
 
 def finished_elsewhere(job_id, *, using=None):
@@ -225,10 +225,14 @@ def finished_elsewhere(job_id, *, using=None):
     return True
 
 
-def _send_finished(job_id, task, alias, sender, *, using):
+def _send_finished(job_id, task, alias, sender, *, state=None, using):
     job = Job.objects.using(using).filter(id=job_id).first()
     if job is None:  # pruned meanwhile: nothing to report
         return
+    if state is not None:
+        # The state this attempt's outcome wrote: a retry may already have been claimed
+        # by another thread, and its RUNNING must not stand in for this attempt's READY.
+        job.state = state
     # The outcome is already recorded; a receiver's error must not look like the task's.
     for receiver, response in task_finished.send_robust(sender=sender, task_result=from_job(job, task, alias)):
         if isinstance(response, Exception):
