@@ -4,6 +4,8 @@
     job = enqueue("email", {"to": "a@example.com"}, priority=20, run_after=60)
     job.was_created   # False when an idempotency key matched an existing job
 """
+from django.utils import timezone
+
 from queue_app import transitions, validation
 from queue_app.exceptions import InvalidJob
 from queue_app.validation import EnqueueRequest  # noqa: F401  (re-exported)
@@ -28,6 +30,8 @@ def bulk_enqueue(jobs, *, using=None):
     All are validated first: one bad entry refuses the whole batch and writes nothing.
     """
     reqs = []
+    now = timezone.now()
+    checks = validation.BatchChecks()
     for i, spec in enumerate(jobs):
         if not isinstance(spec, dict):
             raise InvalidJob(f"job {i}: expected a dict with kind and payload, got {type(spec).__name__}")
@@ -38,7 +42,7 @@ def bulk_enqueue(jobs, *, using=None):
             raise InvalidJob(f"job {i}: kind is required", "kind") from None
         payload = spec.pop("payload", None)
         try:
-            reqs.append(validation.enqueue_request(kind, payload, **spec))
+            reqs.append(validation.request(kind, payload, spec, now, checks))
         except InvalidJob as exc:
             raise InvalidJob(f"job {i}: {exc}", exc.field) from None
     return transitions.bulk_enqueue(reqs, using=using)

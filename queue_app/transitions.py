@@ -143,11 +143,13 @@ def _insert_plain(db, reqs, now):
     cache = {}
     out = []
     for start in range(0, len(reqs), settings.BULK_BATCH_SIZE):
-        chunk = [_given(req, now) for req in reqs[start : start + settings.BULK_BATCH_SIZE]]
-        values = [writer.values(given) for given in chunk]
-        params = [] if connection.vendor == "postgresql" and len(chunk) > 1 else [
-            v for row in values for v in writer.params(row, cache)
-        ]
+        part = reqs[start : start + settings.BULK_BATCH_SIZE]
+        chunk = [_given(req, now) for req in part]
+        texts = [req.payload_json for req in part]
+        if None in texts:  # a request built without validation.payload_json
+            texts = [t if t is not None else json.dumps(r.payload) for t, r in zip(texts, part)]
+        values, adapted = writer.rows(chunk, {"payload": texts}, cache)
+        params = [] if connection.vendor == "postgresql" and len(chunk) > 1 else [v for row in adapted for v in row]
         insert = (
             f"INSERT INTO {rows.JOB_TABLE} ({writer.columns}) VALUES {rows.placeholders(writer.width, len(chunk))}"
             " RETURNING id"
@@ -169,7 +171,6 @@ def _insert_plain(db, reqs, now):
                 )
                 ids = [cursor.fetchone()[0]]
         elif connection.vendor == "postgresql":
-            adapted = [writer.params(row, cache) for row in values]
             ids = [row[0] for row in rows.unnest_insert(
                 connection, rows.JOB_TABLE, writer.columns, writer.fields, adapted, returning=" RETURNING id",
             )]
@@ -180,13 +181,21 @@ def _insert_plain(db, reqs, now):
         if len(ids) != len(chunk):
             raise RuntimeError("the database did not return ids for a bulk insert")
         if not (connection.vendor == "postgresql" and len(chunk) == 1):  # else logged by the statement
-            rows.insert_events(connection, [
-                rows.event_params(
-                    connection, job_id, EventType.ENQUEUED, at_db, 0, "", "", State.PENDING, "", _enqueued_meta(given)
-                )
-                for job_id, given in zip(ids, chunk)
-            ])
-        out += [writer.job(job_id, row) for job_id, row in zip(ids, values)]
+            # A batch's jobs mostly share queue, priority and run_at: adapt each metadata once.
+            events, shared = [], {}
+            for job_id, given in zip(ids, chunk):
+                key = (given["queue_name"], given["priority"], given["run_at"], given["parent_id"])
+                event = shared.get(key)
+                if event is None:
+                    event = shared[key] = rows.event_params(
+                        connection, None, EventType.ENQUEUED, at_db, 0, "", "", State.PENDING, "",
+                        _enqueued_meta(given),
+                    )
+                event = event.copy()
+                event[0] = job_id
+                events.append(event)
+            rows.insert_events(connection, events)
+        out += writer.jobs(ids, values)
     if len(reqs) > 1:
         _notify(db, out, now)
     return out

@@ -78,6 +78,8 @@ class EnqueueRequest:
     backoff_jitter: bool | None = None
     # Set by chaining for a follow-up job, never by callers.
     parent_id: int | None = None
+    # The payload's JSON text as validated, stored as is (None: encode ``payload``).
+    payload_json: str | None = None
 
 
 def _is_int(value):
@@ -128,21 +130,74 @@ def _json_text(value, field):
                 stack.extend((v, depth + 1) for v in item)
 
 
-def payload(value, field="payload"):
-    try:
-        encoded = json.dumps(value, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
-        raise InvalidJob(f"{field} is not JSON-serializable: {exc}", field) from None
-    except RecursionError:
-        raise InvalidJob(f"{field} is nested too deeply", field) from None
-    _json_text(value, field)
-    size = len(encoded.encode())
+# Values json.loads gives back as they are: a payload made only of these (and str keys)
+# is stored and returned as given, with no decode of what was just encoded.
+_NATIVE_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def _native_depth(value, field):
+    """Check the nesting depth; return whether the value holds only JSON-native types
+    (exact dict/list/str/int/float/bool/None, str keys), so a JSON round-trip would
+    give back an equal value of the same types."""
+    native = True
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        kind = type(item)
+        if kind is dict or kind is list or isinstance(item, (dict, list, tuple)):
+            if depth > MAX_JSON_DEPTH:
+                raise InvalidJob(f"{field} is nested more than {MAX_JSON_DEPTH} levels deep", field)
+            if isinstance(item, dict):
+                native = native and kind is dict
+                for k, v in item.items():
+                    if type(k) is not str:
+                        native = False
+                    if type(v) in _NATIVE_SCALARS:
+                        continue
+                    stack.append((v, depth + 1))
+            else:
+                native = native and kind is list
+                stack.extend((v, depth + 1) for v in item)
+        elif kind not in _NATIVE_SCALARS:
+            native = False
+    return native
+
+
+# json.dumps with options builds an encoder per call.
+_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
+
+
+def payload_json(value, field="payload"):
+    """Validate a JSON value; return (value as a reader will see it, its JSON text).
+
+    One json.dumps does the work: its text is what gets stored (no second encode), its
+    length is the size (ASCII: non-ASCII is escaped), and only text holding an escaped
+    NUL or surrogate (rare, and often a false alarm: a literal backslash, an emoji) needs
+    the walk over every string.
+    """
+    if type(value) is dict and not value:  # the default payload
+        encoded, native = "{}", True
+    else:
+        try:
+            encoded = _ENCODER.encode(value)
+        except (TypeError, ValueError) as exc:
+            raise InvalidJob(f"{field} is not JSON-serializable: {exc}", field) from None
+        except RecursionError:
+            raise InvalidJob(f"{field} is nested too deeply", field) from None
+        if "\\u0000" in encoded or "\\ud" in encoded:
+            _json_text(value, field)
+        native = _native_depth(value, field)
+    size = len(encoded)
     if size > settings.MAX_PAYLOAD_BYTES:
         raise InvalidJob(
             f"{field} is {size} bytes of JSON; the limit is {settings.MAX_PAYLOAD_BYTES}", field
         )
     # Store what JSON gives back (tuples become lists), so the job holds what a reader sees.
-    return json.loads(encoded)
+    return (value if native else json.loads(encoded)), encoded
+
+
+def payload(value, field="payload"):
+    return payload_json(value, field)[0]
 
 
 def priority(value):
@@ -258,13 +313,68 @@ def template(value, field, now):
 
 def enqueue_request(kind, payload_value=None, /, now=None, **options):
     """Validate enqueue() arguments and return an EnqueueRequest."""
+    return request(kind, payload_value, options, now or timezone.now())
+
+
+class BatchChecks:
+    """What a batch has already validated: options by value, kind names. Most batches
+    give every job the same options, so those are checked once, not per job."""
+
+    def __init__(self):
+        self.options = {}
+        self.kinds = set()
+
+
+def _options_key(options):
+    # The type too: 1, 1.0 and True are equal keys but not equally valid values.
+    try:
+        key = tuple(sorted((k, type(v), v) for k, v in options.items()))
+        hash(key)
+    except TypeError:  # unhashable (a follow-up template dict) or unorderable
+        return None
+    return key
+
+
+def request(kind, payload_value, options, now, checks=None):
+    """Validate one job's kind, payload and ``options`` (dict); return an EnqueueRequest.
+    Refusals come in the order fields are listed in enqueue_options."""
+    key = fields = None
+    if checks is not None:
+        key = _options_key(options)
+        fields = checks.options.get(key) if key is not None else None
+    checked = []
+
+    def kind_and_payload():
+        _kind(kind, checks)
+        checked.extend(payload_json({} if payload_value is None else payload_value))
+
+    if fields is None:
+        fields = enqueue_options(options, now, between=kind_and_payload)
+        if key is not None:
+            checks.options[key] = fields
+    else:
+        kind_and_payload()
+    value, encoded = checked
+    return EnqueueRequest(kind=kind, payload=value, payload_json=encoded, **fields)
+
+
+def _kind(kind, checks):
+    if checks is None or type(kind) is not str or kind not in checks.kinds:
+        name(kind, "kind", KIND_MAX_LENGTH)
+        if checks is not None:
+            checks.kinds.add(kind)
+
+
+def enqueue_options(options, now, between=None):
+    """Validate the enqueue options (all but kind and payload); return EnqueueRequest
+    fields. ``between`` runs after the scheduling, timeout and webhook checks and before
+    the rest, where enqueue() has always checked the kind and payload."""
     unknown = sorted(set(options) - set(ENQUEUE_FIELDS))
     if unknown:
         raise InvalidJob(
             f"unknown field(s): {', '.join(unknown)}; allowed: kind, payload, {', '.join(ENQUEUE_FIELDS)}",
             unknown[0],
         )
-    now = now or timezone.now()
     when = options.get("run_at")
     after = options.get("run_after")
     if when is not None and after is not None:
@@ -293,9 +403,9 @@ def enqueue_request(kind, payload_value=None, /, now=None, **options):
         from queue_app import webhooks
 
         hook = webhooks.check_url(text(hook, "webhook_url") if isinstance(hook, str) else hook)
-    return EnqueueRequest(
-        kind=name(kind, "kind", KIND_MAX_LENGTH),
-        payload=payload({} if payload_value is None else payload_value),
+    if between is not None:
+        between()
+    return dict(
         queue_name=name(options.get("queue_name") or settings.DEFAULT_QUEUE, "queue_name", QUEUE_NAME_MAX_LENGTH),
         priority=priority(options.get("priority", 0) if options.get("priority") is not None else 0),
         run_at=when,
