@@ -11,6 +11,8 @@ second SELECT.
 Columns come from the models' ``_meta``, so a column another migration adds is still
 read back and still inserted (with its field default).
 """
+from itertools import chain
+
 from django.db.models.base import ModelState
 
 from queue_app.models import Event, Job
@@ -37,9 +39,13 @@ def _default(field, connection):
     return field.get_db_prep_save(field.get_default(), connection)
 
 
-def placeholders(width, count):
-    """``(%s, ..., %s), ...`` for ``count`` rows of ``width`` values."""
-    row = "(" + ", ".join(["%s"] * width) + ")"
+def placeholders(width, count, connection=None):
+    """``(%s, ..., %s), ...`` for ``count`` rows of ``width`` values.
+
+    Given a SQLite connection, ``?`` marks: Django rewrites each ``%s`` of a SQLite query
+    with a regex, a quarter of a bulk insert's time in the database wrapper."""
+    mark = "?" if connection is not None and connection.vendor == "sqlite" else "%s"
+    row = "(" + ", ".join([mark] * width) + ")"
     return ", ".join([row] * count)
 
 
@@ -81,8 +87,8 @@ def insert_events(connection, rows, chunk=500):
         for start in range(0, len(rows), chunk):
             part = rows[start : start + chunk]
             cursor.execute(
-                f"INSERT INTO {EVENT_TABLE} ({EVENT_COLUMNS}) VALUES {placeholders(EVENT_WIDTH, len(part))}",
-                [v for row in part for v in row],
+                f"INSERT INTO {EVENT_TABLE} ({EVENT_COLUMNS}) VALUES {placeholders(EVENT_WIDTH, len(part), connection)}",
+                list(chain.from_iterable(part)),
             )
 
 

@@ -27,6 +27,7 @@ job and appends exactly one Event row. Nothing else writes Job.state, Event or D
 import json
 import logging
 from datetime import timedelta
+from itertools import chain
 
 from django.db import IntegrityError, connections, router, transaction
 from django.db.models import BooleanField, ExpressionWrapper, Q
@@ -113,11 +114,14 @@ def _notify(db, jobs, now):
                 cursor.execute("SELECT pg_notify(%s, %s)", [channel, queue])
 
 
+_PENDING = State.PENDING.value  # an enum member's .value is a property call
+
+
 def _given(req, now):
     """What a new job's row sets (rows.JobWriter fills the other columns' defaults)."""
     return {
         "kind": req.kind, "payload": req.payload, "queue_name": req.queue_name, "priority": req.priority,
-        "run_at": req.run_at or now, "state": State.PENDING.value, "attempts": 0, "max_attempts": req.max_attempts,
+        "run_at": req.run_at or now, "state": _PENDING, "attempts": 0, "max_attempts": req.max_attempts,
         "idempotency_key": req.idempotency_key, "timeout": req.timeout, "created_at": now,
         "on_success": req.on_success, "on_failure": req.on_failure, "webhook_url": req.webhook_url,
         "parent_id": req.parent_id, "backoff_base": req.backoff_base, "backoff_max": req.backoff_max,
@@ -149,9 +153,10 @@ def _insert_plain(db, reqs, now):
         if None in texts:  # a request built without validation.payload_json
             texts = [t if t is not None else json.dumps(r.payload) for t, r in zip(texts, part)]
         values, adapted = writer.rows(chunk, {"payload": texts}, cache)
-        params = [] if connection.vendor == "postgresql" and len(chunk) > 1 else [v for row in adapted for v in row]
+        params = [] if connection.vendor == "postgresql" and len(chunk) > 1 else list(chain.from_iterable(adapted))
         insert = (
-            f"INSERT INTO {rows.JOB_TABLE} ({writer.columns}) VALUES {rows.placeholders(writer.width, len(chunk))}"
+            f"INSERT INTO {rows.JOB_TABLE} ({writer.columns})"
+            f" VALUES {rows.placeholders(writer.width, len(chunk), connection)}"
             " RETURNING id"
         )
         if connection.vendor == "postgresql" and len(chunk) == 1:

@@ -326,6 +326,8 @@ class BatchChecks:
 
 
 def _options_key(options):
+    if not options:
+        return ()
     # The type too: 1, 1.0 and True are equal keys but not equally valid values.
     try:
         key = tuple(sorted((k, type(v), v) for k, v in options.items()))
@@ -350,12 +352,18 @@ def request(kind, payload_value, options, now, checks=None):
 
     if fields is None:
         fields = enqueue_options(options, now, between=kind_and_payload)
+        value, encoded = checked
+        req = EnqueueRequest(kind=kind, payload=value, payload_json=encoded, **fields)
         if key is not None:
-            checks.options[key] = fields
-    else:
-        kind_and_payload()
-    value, encoded = checked
-    return EnqueueRequest(kind=kind, payload=value, payload_json=encoded, **fields)
+            checks.options[key] = req.__dict__
+        return req
+    kind_and_payload()
+    # A copy of the first request with these options (the dataclass's frozen __init__
+    # costs as much as the rest of a cached validation).
+    req = object.__new__(EnqueueRequest)
+    req.__dict__.update(fields)
+    req.__dict__.update(kind=kind, payload=checked[0], payload_json=checked[1])
+    return req
 
 
 def _kind(kind, checks):
