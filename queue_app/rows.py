@@ -11,6 +11,7 @@ second SELECT.
 Columns come from the models' ``_meta``, so a column another migration adds is still
 read back and still inserted (with its field default).
 """
+import json
 from itertools import chain
 
 from django.db.models.base import ModelState
@@ -75,11 +76,42 @@ def unnest_insert(connection, table, columns, fields, rows, returning=""):
         return cursor.fetchall() if returning else None
 
 
+def reserve_ids(connection, table, count):
+    """PostgreSQL: ``count`` new ids from ``table``'s id sequence, ascending."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT nextval(pg_get_serial_sequence(%s, 'id')) FROM generate_series(1, %s)", [table, count])
+        return sorted(row[0] for row in cursor.fetchall())
+
+
+def copy_insert(connection, table, columns, rows):
+    """PostgreSQL: append rows with COPY. Unlike an INSERT of arrays, whose every value
+    psycopg quotes in Python (client-side binding), COPY formats rows in its C core:
+    three quarters of a bulk enqueue's time went to quoting."""
+    with connection.cursor() as cursor:
+        with cursor.cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row(row)
+
+
+def json_once(connection, value):
+    """A JSON column's parameter for a value many rows share: encoded here once, not
+    once per row by the driver (PostgreSQL); as json_value elsewhere."""
+    if connection.vendor != "postgresql" or value is None:
+        return json_value(connection, value)
+    from psycopg.types.json import Jsonb
+
+    return Jsonb(json.dumps(value, cls=_METADATA.encoder), dumps=str)
+
+
 _EVENT_FIELDS = [Event._meta.get_field(a) for a in EVENT_GIVEN] + list(_EVENT_OTHER)
 
 
-def insert_events(connection, rows, chunk=500):
-    """Append event rows (lists from event_params) with one INSERT per ``chunk`` rows."""
+def insert_events(connection, rows, chunk=500, copy=False):
+    """Append event rows (lists from event_params) with one INSERT per ``chunk`` rows
+    (on PostgreSQL one INSERT, or with ``copy`` a COPY)."""
+    if connection.vendor == "postgresql" and copy:
+        copy_insert(connection, EVENT_TABLE, EVENT_COLUMNS, rows)
+        return
     if connection.vendor == "postgresql" and len(rows) > 1:
         unnest_insert(connection, EVENT_TABLE, EVENT_COLUMNS, _EVENT_FIELDS, rows)
         return

@@ -146,8 +146,11 @@ def _insert_plain(db, reqs, now):
     at_db = connection.ops.adapt_datetimefield_value(now)
     cache = {}
     out = []
-    for start in range(0, len(reqs), settings.BULK_BATCH_SIZE):
-        part = reqs[start : start + settings.BULK_BATCH_SIZE]
+    # COPY (PostgreSQL) has no statement size to keep small: fewer, larger chunks, fewer
+    # waits for the server to finish one before the next is sent.
+    size = settings.BULK_BATCH_SIZE if connection.vendor != "postgresql" else max(settings.BULK_BATCH_SIZE, 10_000)
+    for start in range(0, len(reqs), size):
+        part = reqs[start : start + size]
         chunk = [_given(req, now) for req in part]
         texts = [req.payload_json for req in part]
         if None in texts:  # a request built without validation.payload_json
@@ -176,9 +179,9 @@ def _insert_plain(db, reqs, now):
                 )
                 ids = [cursor.fetchone()[0]]
         elif connection.vendor == "postgresql":
-            ids = [row[0] for row in rows.unnest_insert(
-                connection, rows.JOB_TABLE, writer.columns, writer.fields, adapted, returning=" RETURNING id",
-            )]
+            ids = rows.reserve_ids(connection, rows.JOB_TABLE, len(chunk))
+            rows.copy_insert(connection, rows.JOB_TABLE, "id, " + writer.columns,
+                             ([job_id, *row] for job_id, row in zip(ids, adapted)))
         else:
             with connection.cursor() as cursor:
                 cursor.execute(insert, params)
@@ -193,13 +196,13 @@ def _insert_plain(db, reqs, now):
                 event = shared.get(key)
                 if event is None:
                     event = shared[key] = rows.event_params(
-                        connection, None, EventType.ENQUEUED, at_db, 0, "", "", State.PENDING, "",
-                        _enqueued_meta(given),
+                        connection, None, EventType.ENQUEUED, at_db, 0, "", "", State.PENDING, "", None,
                     )
+                    event[8] = rows.json_once(connection, _enqueued_meta(given))  # metadata
                 event = event.copy()
                 event[0] = job_id
                 events.append(event)
-            rows.insert_events(connection, events)
+            rows.insert_events(connection, events, copy=len(events) > 1)
         out += writer.jobs(ids, values)
     if len(reqs) > 1:
         _notify(db, out, now)
