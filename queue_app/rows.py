@@ -50,6 +50,28 @@ def placeholders(width, count, connection=None):
     return ", ".join([row] * count)
 
 
+def values_clause(connection, rows):
+    """``VALUES`` rows and their parameters for a multi-row INSERT. On MySQL/MariaDB a
+    column holding the same object in every row (None, a shared time, a constant) is
+    written once as a literal in the statement: mysqlclient quotes each parameter in
+    Python, half of a bulk enqueue's time when every column of every row was one."""
+    width = len(rows[0])
+    if connection.vendor != "mysql" or len(rows) < 2:
+        return placeholders(width, len(rows), connection), list(chain.from_iterable(rows))
+    first = rows[0]
+    shared = [all(row[i] is first[i] for row in rows) for i in range(width)]
+    db = connection.connection
+    marks = [
+        db.literal(first[i]).decode(db.encoding).replace("%", "%%")
+        if shared[i] else "%s"
+        for i in range(width)
+    ]
+    varying = [i for i in range(width) if not shared[i]]
+    template = "(" + ", ".join(marks) + ")"
+    params = [row[i] for row in rows for i in varying] if varying else []
+    return ", ".join([template] * len(rows)), params
+
+
 def json_value(connection, value):
     """Adapt a JSON document for a JSONField column (None stays SQL NULL)."""
     return _METADATA.get_db_prep_save(value, connection) if value is not None else None
@@ -117,11 +139,8 @@ def insert_events(connection, rows, chunk=500, copy=False):
         return
     with connection.cursor() as cursor:
         for start in range(0, len(rows), chunk):
-            part = rows[start : start + chunk]
-            cursor.execute(
-                f"INSERT INTO {EVENT_TABLE} ({EVENT_COLUMNS}) VALUES {placeholders(EVENT_WIDTH, len(part), connection)}",
-                list(chain.from_iterable(part)),
-            )
+            sql, params = values_clause(connection, rows[start : start + chunk])
+            cursor.execute(f"INSERT INTO {EVENT_TABLE} ({EVENT_COLUMNS}) VALUES {sql}", params)
 
 
 class JobReader:

@@ -156,7 +156,7 @@ def _insert_plain(db, reqs, now):
         if None in texts:  # a request built without validation.payload_json
             texts = [t if t is not None else json.dumps(r.payload) for t, r in zip(texts, part)]
         values, adapted = writer.rows(chunk, {"payload": texts}, cache)
-        params = [] if connection.vendor == "postgresql" and len(chunk) > 1 else list(chain.from_iterable(adapted))
+        params = list(chain.from_iterable(adapted)) if connection.vendor == "postgresql" and len(chunk) == 1 else []
         insert = (
             f"INSERT INTO {rows.JOB_TABLE} ({writer.columns})"
             f" VALUES {rows.placeholders(writer.width, len(chunk), connection)}"
@@ -183,8 +183,9 @@ def _insert_plain(db, reqs, now):
             rows.copy_insert(connection, rows.JOB_TABLE, "id, " + writer.columns,
                              ([job_id, *row] for job_id, row in zip(ids, adapted)))
         else:
+            sql, params = rows.values_clause(connection, adapted)
             with connection.cursor() as cursor:
-                cursor.execute(insert, params)
+                cursor.execute(f"INSERT INTO {rows.JOB_TABLE} ({writer.columns}) VALUES {sql} RETURNING id", params)
                 ids = [row[0] for row in cursor.fetchall()]
         if len(ids) != len(chunk):
             raise RuntimeError("the database did not return ids for a bulk insert")
