@@ -194,15 +194,14 @@ def _insert_plain(db, reqs, now):
             events, shared = [], {}
             for job_id, given in zip(ids, chunk):
                 key = (given["queue_name"], given["priority"], given["run_at"], given["parent_id"])
-                event = shared.get(key)
-                if event is None:
-                    event = shared[key] = rows.event_params(
+                tail = shared.get(key)
+                if tail is None:
+                    event = rows.event_params(
                         connection, None, EventType.ENQUEUED, at_db, 0, "", "", State.PENDING, "", None,
                     )
                     event[8] = rows.json_once(connection, _enqueued_meta(given))  # metadata
-                event = event.copy()
-                event[0] = job_id
-                events.append(event)
+                    tail = shared[key] = event[1:]  # all but job_id
+                events.append([job_id, *tail])
             rows.insert_events(connection, events, copy=len(events) > 1)
         out += writer.jobs(ids, values)
     if len(reqs) > 1:
