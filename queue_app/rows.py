@@ -44,8 +44,10 @@ def placeholders(width, count, connection=None):
     """``(%s, ..., %s), ...`` for ``count`` rows of ``width`` values.
 
     Given a SQLite connection, ``?`` marks: Django rewrites each ``%s`` of a SQLite query
-    with a regex, a quarter of a bulk insert's time in the database wrapper."""
-    mark = "?" if connection is not None and connection.vendor == "sqlite" else "%s"
+    with a regex, a quarter of a bulk insert's time in the database wrapper. Not while
+    queries are logged (DEBUG, CaptureQueriesContext): the log formats them with ``%``."""
+    qmark = connection is not None and connection.vendor == "sqlite" and not connection.queries_logged
+    mark = "?" if qmark else "%s"
     row = "(" + ", ".join([mark] * width) + ")"
     return ", ".join([row] * count)
 
