@@ -104,3 +104,9 @@ def enqueue_job():
     from queue_app import enqueue
 
     return enqueue
+
+
+@pytest.fixture(autouse=True)
+def _fast_passwords(settings):
+    # The default hasher spends most of a second per user by design.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

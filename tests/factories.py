@@ -1,6 +1,8 @@
 from datetime import timedelta
 
 import factory
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
 from django.utils import timezone
 
 from queue_app.models import DeadLetter, Event, Job, State
@@ -60,3 +62,12 @@ class DeadLetterFactory(factory.django.DjangoModelFactory):
     payload = factory.SelfAttribute("job.payload")
     attempts = factory.SelfAttribute("job.attempts")
     error = {"type": "Boom", "message": "boom", "traceback": ""}
+
+
+def make_staff(username, *perms):
+    """A staff user holding ``perms`` ("app_label.codename" each), password "pw"."""
+    user = get_user_model().objects.create_user(username, password="pw", is_staff=True)
+    for perm in perms:
+        app, codename = perm.split(".")
+        user.user_permissions.add(Permission.objects.get(content_type__app_label=app, codename=codename))
+    return user

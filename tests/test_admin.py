@@ -3,42 +3,30 @@ action writing its event (or nothing, when refused)."""
 from datetime import timedelta
 
 import pytest
-from django.contrib.auth.models import Permission
 from django.urls import reverse
 from django.utils import timezone
 
 from queue_app import operations
 from queue_app.models import DeadLetter, Event, Job, State, Worker
-from tests.factories import DeadLetterFactory, EventFactory, JobFactory
+from tests.factories import DeadLetterFactory, EventFactory, JobFactory, make_staff
 
 pytestmark = pytest.mark.django_db
 
 CHANGELIST = "admin:queue_app_job_changelist"
 
 
-@pytest.fixture(autouse=True)
-def _fast_passwords(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-def make_staff(django_user_model, username, *perms):
-    user = django_user_model.objects.create_user(username, password="pw", is_staff=True)
-    for perm in perms:
-        app, codename = perm.split(".")
-        user.user_permissions.add(Permission.objects.get(content_type__app_label=app, codename=codename))
-    return user
 
 
 @pytest.fixture
-def viewer(client, django_user_model):
-    client.force_login(make_staff(django_user_model, "viewer", "queue_app.view_job", "queue_app.view_event"))
+def viewer(client):
+    client.force_login(make_staff("viewer", "queue_app.view_job", "queue_app.view_event"))
     return client
 
 
 @pytest.fixture
-def operator(client, django_user_model):
+def operator(client):
     perms = ["view_job", "change_job", "delete_job", "view_event", "view_deadletter", "view_worker", "change_worker"]
-    client.force_login(make_staff(django_user_model, "op", *[f"queue_app.{p}" for p in perms]))
+    client.force_login(make_staff("op", *[f"queue_app.{p}" for p in perms]))
     return client
 
 
@@ -75,8 +63,8 @@ def test_anonymous_visitor_is_sent_to_the_admin_login(client):
     assert response["Location"].startswith(reverse("admin:login"))
 
 
-def test_staff_without_permission_gets_403(client, django_user_model):
-    client.force_login(make_staff(django_user_model, "bare"))
+def test_staff_without_permission_gets_403(client):
+    client.force_login(make_staff("bare"))
     assert client.get(changelist()).status_code == 403
 
 
@@ -245,8 +233,8 @@ def test_delete_asks_first_and_then_removes_jobs_with_their_history(operator):
     assert not Event.objects.filter(job_id=job.id).exists()
 
 
-def test_delete_is_not_offered_without_the_delete_permission(client, django_user_model):
-    client.force_login(make_staff(django_user_model, "changer", "queue_app.view_job", "queue_app.change_job"))
+def test_delete_is_not_offered_without_the_delete_permission(client):
+    client.force_login(make_staff("changer", "queue_app.view_job", "queue_app.change_job"))
     job = JobFactory()
     response = client.get(changelist())
     assert b"Cancel selected jobs" in response.content and b"Delete selected jobs" not in response.content
@@ -273,9 +261,9 @@ def test_apply_many_refuses_a_bad_value_before_touching_any_job():
 # --- dead letters and workers -----------------------------------------------------------------
 
 
-def test_dead_letter_admin_requeues_the_jobs(client, django_user_model):
+def test_dead_letter_admin_requeues_the_jobs(client):
     client.force_login(
-        make_staff(django_user_model, "dl", "queue_app.view_deadletter", "queue_app.change_job", "queue_app.view_job")
+        make_staff("dl", "queue_app.view_deadletter", "queue_app.change_job", "queue_app.view_job")
     )
     letter = DeadLetterFactory()
     url = reverse("admin:queue_app_deadletter_changelist")
@@ -285,8 +273,8 @@ def test_dead_letter_admin_requeues_the_jobs(client, django_user_model):
     assert last_event(letter.job).type == "requeued"
 
 
-def test_dead_letter_requeue_needs_the_change_job_permission(client, django_user_model):
-    client.force_login(make_staff(django_user_model, "dlv", "queue_app.view_deadletter"))
+def test_dead_letter_requeue_needs_the_change_job_permission(client):
+    client.force_login(make_staff("dlv", "queue_app.view_deadletter"))
     letter = DeadLetterFactory()
     url = reverse("admin:queue_app_deadletter_changelist")
     client.post(url, {"action": "requeue_jobs", "_selected_action": [letter.id], "index": "0"})

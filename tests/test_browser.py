@@ -27,7 +27,6 @@ pytestmark = [
 
 @pytest.fixture(autouse=True)
 def _fast(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     # Refresh every second so the tests watch it happen without waiting five.
     settings.JOBQUEUE = {**getattr(settings, "JOBQUEUE", {}), "DASHBOARD_REFRESH_SECONDS": 1}
 

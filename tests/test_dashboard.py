@@ -10,7 +10,6 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from django.contrib.auth.models import Permission
 from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test import override_settings
@@ -22,7 +21,7 @@ from queue_app.enqueueing import enqueue
 from queue_app.execution import run_one
 from queue_app.management.commands.web import gunicorn_argv, parse_addr
 from queue_app.models import DeadLetter, Event, Job, State, Worker
-from tests.factories import DeadLetterFactory, JobFactory
+from tests.factories import DeadLetterFactory, JobFactory, make_staff
 
 pytestmark = pytest.mark.django_db
 
@@ -30,34 +29,22 @@ PAGES = ["overview", "jobs", "dead_letters", "workers", "queues"]
 READ = ["queue_app.view_job", "queue_app.view_deadletter", "queue_app.view_worker"]
 
 
-@pytest.fixture(autouse=True)
-def _fast_passwords(settings):
-    # The default hasher spends most of a second per user by design.
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
 
 def url(name, *args):
     return reverse(f"queue_app_dashboard:{name}", args=args)
 
 
-def make_staff(django_user_model, username, *perms):
-    user = django_user_model.objects.create_user(username, password="pw", is_staff=True)
-    for perm in perms:
-        app, codename = perm.split(".")
-        user.user_permissions.add(Permission.objects.get(content_type__app_label=app, codename=codename))
-    return user
-
 
 @pytest.fixture
-def viewer(client, django_user_model):
-    client.force_login(make_staff(django_user_model, "viewer", *READ))
+def viewer(client):
+    client.force_login(make_staff("viewer", *READ))
     return client
 
 
 @pytest.fixture
-def operator(client, django_user_model):
+def operator(client):
     perms = [*READ, "queue_app.change_job", "queue_app.delete_job", "queue_app.change_worker"]
-    client.force_login(make_staff(django_user_model, "op", *perms))
+    client.force_login(make_staff("op", *perms))
     return client
 
 
@@ -83,8 +70,8 @@ def test_anonymous_visitor_cannot_post_an_action(client):
 
 
 @pytest.mark.parametrize("page", PAGES)
-def test_staff_without_permission_is_refused_every_page(client, django_user_model, page):
-    client.force_login(make_staff(django_user_model, "bare"))
+def test_staff_without_permission_is_refused_every_page(client, page):
+    client.force_login(make_staff("bare"))
     assert client.get(url(page)).status_code == 403
 
 
@@ -234,9 +221,9 @@ def test_viewer_cannot_act_on_a_job(viewer):
     assert not Event.objects.filter(job=job).exists()
 
 
-def test_delete_needs_the_delete_permission(client, django_user_model):
+def test_delete_needs_the_delete_permission(client):
     job = JobFactory()
-    client.force_login(make_staff(django_user_model, "changer", *READ, "queue_app.change_job"))
+    client.force_login(make_staff("changer", *READ, "queue_app.change_job"))
     assert client.post(url("job_action", job.id, "delete")).status_code == 403
     assert Job.objects.filter(id=job.id).exists()
 
