@@ -145,6 +145,16 @@ def insert_events(connection, rows, chunk=500, copy=False):
             cursor.execute(f"INSERT INTO {EVENT_TABLE} ({EVENT_COLUMNS}) VALUES {sql}", params)
 
 
+def _per_connection(cls, connection):
+    """The ``cls`` instance built once for ``connection`` (they depend on its vendor and ops)."""
+    attr = f"_jq_{cls.__name__}"
+    instance = getattr(connection, attr, None)
+    if instance is None:
+        instance = cls(connection)
+        setattr(connection, attr, instance)
+    return instance
+
+
 class JobReader:
     """Turn rows of JOB_COLUMNS into Job instances with the backend's converters
     (SQLite returns datetimes and JSON as text); built once per connection."""
@@ -160,10 +170,7 @@ class JobReader:
 
     @classmethod
     def on(cls, connection):
-        reader = getattr(connection, "_jq_job_reader", None)
-        if reader is None:
-            reader = connection._jq_job_reader = cls(connection)
-        return reader
+        return _per_connection(cls, connection)
 
     def jobs(self, rows):
         out = []
@@ -214,10 +221,7 @@ class JobWriter:
 
     @classmethod
     def on(cls, connection):
-        writer = getattr(connection, "_jq_job_writer", None)
-        if writer is None:
-            writer = connection._jq_job_writer = cls(connection)
-        return writer
+        return _per_connection(cls, connection)
 
     def values(self, given):
         """Python values in column order: ``given`` {attname: value}, defaults elsewhere."""
