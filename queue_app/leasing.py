@@ -237,7 +237,7 @@ def _claim_mysql(connection, owner, limit, scan, now, expires, queues, kinds, ag
             )
         # No UPDATE ... RETURNING on MariaDB: the rows as read (under the lock), with what
         # _SET wrote, in the driver's form (naive UTC datetimes).
-        naive_now, naive_expires = (timezone.make_naive(t, connection.timezone) for t in (now, expires))
+        naive_expires = timezone.make_naive(expires, connection.timezone)
         for row in rows:
             row[_STATE] = State.LEASED.value
             row[_OWNER] = owner
