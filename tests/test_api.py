@@ -1,12 +1,10 @@
 import json
 
 import pytest
-from django.contrib.auth.models import Permission, User
-from django.core.management import call_command
 from django.test import Client
 
 from queue_app import api_auth, transitions
-from queue_app.models import ApiKey, Event, Job, State, Worker
+from queue_app.models import Event, Job, Worker
 from tests.factories import DeadLetterFactory, JobFactory
 
 pytestmark = pytest.mark.django_db

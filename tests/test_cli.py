@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from queue_app import enqueue, transitions
 from queue_app.models import DeadLetter, Event, EventType, Job, State
-from tests.factories import DeadLetterFactory, JobFactory
+from tests.factories import DeadLetterFactory
 from tests.worker_support import manage
 
 pytestmark = pytest.mark.django_db

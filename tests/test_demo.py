@@ -15,7 +15,7 @@ env = {k: v for k, v in os.environ.items()
 
 
 @pytest.mark.skipif(
-    "connection.vendor != 'sqlite'",
+    connection.vendor != "sqlite",
     reason="the demo ignores DATABASE_URL and always runs on its own SQLite database: the SQLite suite runs it",
 )
 def test_demo_tells_the_whole_story_on_a_throwaway_database():

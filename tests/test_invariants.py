@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 from django.db import DatabaseError, connection, transaction
-from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from queue_app import bulk_enqueue, enqueue, transitions
