@@ -218,5 +218,12 @@ def test_twenty_workers_run_every_shell_job_exactly_once(shell_on, tmp_path):
     assert set(counts.values()) == {1}
     others = Event.objects.exclude(type__in=[EventType.ENQUEUED, EventType.CLAIMED, EventType.COMPLETED])
     assert list(others.values_list("job_id", "type", "message")[:5]) == []
+    # The jobs were shared out, and both ack paths ran. Not every worker is promised a job:
+    # on a loaded machine the batch-10 workers can drain the queue before a late
+    # batch-1 worker's first poll.
     owners = Event.objects.filter(type=EventType.CLAIMED).values_list("worker", flat=True).distinct()
-    assert {owner.partition("/")[0] for owner in owners} == {f"shell-{w}" for w in range(SHELL_TEST_WORKERS)}
+    names = {owner.partition("/")[0] for owner in owners}
+    assert names <= {f"shell-{w}" for w in range(SHELL_TEST_WORKERS)}
+    assert len(names) >= SHELL_TEST_WORKERS // 2, sorted(names)
+    assert any(int(name.rpartition("-")[2]) % 2 for name in names), "no batch-1 worker ran a job"
+    assert any(not int(name.rpartition("-")[2]) % 2 for name in names), "no batch-10 worker ran a job"
