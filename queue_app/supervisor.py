@@ -211,7 +211,7 @@ class Supervisor:
         owner = f"{self._owner_prefix()}{slot}.{gen}"
         # Batched acks flush at `batch` pending, so at most batch + threads - 1 fill while
         # as many wait for the one flush in flight to commit (worker.Loop.flush_lock).
-        acks = 2 * (self.options.batch + self.options.threads) if self.options.batch > 1 else 0
+        acks = 2 * (self.options.batch + self.options.threads)
         # A child claims at most `batch` at a time, and only into an empty buffer.
         slots = Slots(self.options.threads, acks, buffered=self.options.batch)
         # No socket or SQLite handle may be shared across the fork.

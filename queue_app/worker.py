@@ -97,15 +97,18 @@ def run_once(options=None, *, worker_id=None):
     return [(job.id, execution.execute(job, worker_id)) for job in jobs]
 
 
-def _claim(options, owner, limit):
-    return transitions.claim(
-        owner,
+def _claim_options(options, limit):
+    return dict(
         limit=limit,
         queues=list(options.queues),
         kinds=list(options.kinds) or None,
         lease_seconds=options.lease,
         aging=options.aging,
     )
+
+
+def _claim(options, owner, limit):
+    return transitions.claim(owner, **_claim_options(options, limit))
 
 
 class Loop:
@@ -137,8 +140,7 @@ class Loop:
         # Ctrl-C reaches the whole process group; the supervisor decides what it means.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         self.waiter = Waiter.for_connection(self.options)
-        if self.options.batch > 1:
-            threading.Thread(target=self._flusher, name="jq-acks", daemon=True).start()
+        threading.Thread(target=self._flusher, name="jq-acks", daemon=True).start()
         try:
             if self.options.threads == 1:
                 self._thread(0)
@@ -174,12 +176,12 @@ class Loop:
             while not self.stopping.is_set():
                 if self.buffer:
                     return self.buffer.popleft()
-                self._flush_acks()
                 limit = self.budget.take(self.options.batch)
                 if not limit:
+                    self._flush_acks()
                     return None
                 try:
-                    jobs = _claim(self.options, self.owner, limit)
+                    jobs = self._settle_and_claim(limit)
                     self.claim_errors = 0
                 except Exception as exc:
                     # The traceback once per outage; a line per retry after that.
@@ -217,7 +219,7 @@ class Loop:
         # The supervisor flags an abort request in this thread's cell (aborting.py).
         probe = functools.partial(self.slots.abort_requested, i, job.id)
         try:
-            if self.options.batch > 1 and not execution.settles_alone(job):
+            if not execution.settles_alone(job):
                 self._execute_batched(job, probe)
             else:
                 execution.execute(job, self.owner, abort_probe=probe)
@@ -274,7 +276,10 @@ class Loop:
             cell = self.slots.hold_ack(job.id, job.attempts)
             self.acks.append((job.id, job.attempts, result, cell, output.value()))
             due = len(self.acks) >= self.options.batch or time.monotonic() - self.acks_since > ACK_DELAY
-        if due:
+        # With nothing left in the buffer this thread's next step is a claim, which takes
+        # the acknowledgement along (_settle_and_claim); the flusher bounds the wait if
+        # another thread holds the claim.
+        if due and self.buffer:
             self._flush_acks()
 
     def _fail(self, job, exc, retry=True, output=None):
@@ -304,14 +309,41 @@ class Loop:
         if not acks:
             return
         try:
+            self._acknowledge(acks)
+        finally:
+            with self.ack_lock:
+                self.slots.drop_acks([a[3] for a in acks])
+
+    def _acknowledge(self, acks):
+        try:
             transitions.complete_many([(*a[:3], a[4]) for a in acks], worker_id=self.owner)
         except Exception:
             # The leases lapse and recovery hands the jobs out again: at-least-once.
             log.exception("could not acknowledge %s jobs worker=%s", len(acks), self.owner)
             connection.close()
-        finally:
+
+    def _settle_and_claim(self, limit):
+        """Claim up to ``limit`` jobs, acknowledging the finished ones in the same
+        transaction (transitions.complete_and_claim): one commit per job at --batch 1."""
+        with self.flush_lock:
             with self.ack_lock:
-                self.slots.drop_acks([a[3] for a in acks])
+                acks, self.acks = self.acks, []
+            if not acks:
+                return _claim(self.options, self.owner, limit)
+            try:
+                _, jobs = transitions.complete_and_claim(
+                    [(*a[:3], a[4]) for a in acks], self.owner, **_claim_options(self.options, limit)
+                )
+                return jobs
+            except Exception:
+                # Both rolled back: acknowledge on their own, and let the caller's retry
+                # path deal with the claim.
+                connection.close()
+                self._acknowledge(acks)
+                raise
+            finally:
+                with self.ack_lock:
+                    self.slots.drop_acks([a[3] for a in acks])
 
     def _release_buffer(self):
         self._flush_acks()
