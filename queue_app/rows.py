@@ -252,10 +252,11 @@ class JobWriter:
             return Jsonb(text, dumps=str)  # the text as is: no second encode
         return text
 
-    def rows(self, givens, json_texts, cache):
+    def rows(self, givens, json_texts, cache, raw_json=False):
         """(values, params) per row for dicts of the same keys (transitions._given),
         filling defaults once per batch; ``json_texts`` {attname: [text per row]} gives
-        JSON columns already encoded. Cheaper than values() and params() per row."""
+        JSON columns already encoded. Cheaper than values() and params() per row.
+        ``raw_json`` leaves those texts as they are, for COPY, which takes JSON as text."""
         if not givens:
             return [], []
         index = {a: i for i, a in enumerate(self.attnames)}
@@ -285,8 +286,8 @@ class JobWriter:
                 value = values[i] = field.get_default()
                 params[i] = self.preps[i](value) if value is not None and not self.plain[i] else value
             for i, column in texts:
-                values[i] = givens[n][self.attnames[i]]
-                params[i] = self.json_text(column[n])
+                values[i] = given[self.attnames[i]]
+                params[i] = column[n] if raw_json else self.json_text(column[n])
             all_values.append(values)
             all_params.append(params)
         return all_values, all_params

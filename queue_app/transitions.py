@@ -155,7 +155,8 @@ def _insert_plain(db, reqs, now):
         texts = [req.payload_json for req in part]
         if None in texts:  # a request built without validation.payload_json
             texts = [t if t is not None else json.dumps(r.payload) for t, r in zip(texts, part)]
-        values, adapted = writer.rows(chunk, {"payload": texts}, cache)
+        copy = connection.vendor == "postgresql" and len(chunk) > 1
+        values, adapted = writer.rows(chunk, {"payload": texts}, cache, raw_json=copy)
         params = list(chain.from_iterable(adapted)) if connection.vendor == "postgresql" and len(chunk) == 1 else []
         insert = (
             f"INSERT INTO {rows.JOB_TABLE} ({writer.columns})"
@@ -178,7 +179,7 @@ def _insert_plain(db, reqs, now):
                     params + event_params + notify_params,
                 )
                 ids = [cursor.fetchone()[0]]
-        elif connection.vendor == "postgresql":
+        elif copy:
             ids = rows.reserve_ids(connection, rows.JOB_TABLE, len(chunk))
             rows.copy_insert(connection, rows.JOB_TABLE, "id, " + writer.columns,
                              ([job_id, *row] for job_id, row in zip(ids, adapted)))
