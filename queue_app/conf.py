@@ -136,7 +136,8 @@ DEFAULTS = {
     # multicast, reserved, unspecified) unless it lies in one of these networks, e.g.
     # ["10.1.2.0/24"] for an internal receiver.
     "WEBHOOK_ALLOWED_NETWORKS": [],
-    # With a secret, deliveries carry "X-Jobqueue-Signature: sha256=<hex HMAC of body>".
+    # With a secret, each attempt carries "X-Jobqueue-Signature: t=<unix seconds>,v1=<hex>",
+    # the HMAC-SHA256 of b"<t>." + body; receivers check it with webhooks.verify().
     "WEBHOOK_SECRET": None,
     "WEBHOOK_TIMEOUT": 10.0,
     "WEBHOOK_MAX_ATTEMPTS": 5,

@@ -7,9 +7,15 @@ backoff and ends in the dead-letter queue when the receiver never accepts: a rec
 that is down for an hour still gets the call, and an operator can replay it.
 
 The body is JSON: id, kind, queue, state, attempts, result, error, created_at,
-started_at, finished_at. With ``WEBHOOK_SECRET`` set, ``X-Jobqueue-Signature:
-sha256=<hex>`` is the HMAC-SHA256 of the exact body bytes under that secret;
-receivers should compare it in constant time.
+started_at, finished_at. Every attempt carries ``X-Jobqueue-Delivery`` (the delivery
+job's id, the same on every retry: receivers dedupe on it), ``X-Jobqueue-Attempt``
+and ``X-Jobqueue-Timestamp`` (Unix seconds when the attempt was sent). With
+``WEBHOOK_SECRET`` set, ``X-Jobqueue-Signature: t=<timestamp>,v1=<hex>`` holds the
+HMAC-SHA256, under that secret, of ``b"<timestamp>." + body`` (Stripe's scheme). The
+timestamp is inside the MAC and each retry is signed afresh, so a receiver that checks
+it with ``verify()`` refuses a captured delivery replayed more than ``tolerance``
+seconds later; within that window only deduping on the delivery id stops a replay
+(that header is not signed; the body's id, state and finished_at are).
 
 Safety: a payload must not turn the workers into a proxy for internal addresses. Only
 http and https URLs to hosts in ``WEBHOOK_ALLOWED_HOSTS`` are accepted, checked at
@@ -29,8 +35,10 @@ import http.client
 import ipaddress
 import json
 import logging
+import re
 import socket
 import ssl
+import time
 from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
@@ -43,6 +51,11 @@ log = logging.getLogger("queue_app")
 
 KIND = "queue_app.webhook"
 SIGNATURE_HEADER = "X-Jobqueue-Signature"
+TIMESTAMP_HEADER = "X-Jobqueue-Timestamp"
+DELIVERY_HEADER = "X-Jobqueue-Delivery"
+ATTEMPT_HEADER = "X-Jobqueue-Attempt"
+# Seconds a signature stays acceptable, either way of the receiver's clock (Stripe's default).
+SIGNATURE_TOLERANCE = 300
 URL_MAX_LENGTH = 2000
 TERMINAL = (State.COMPLETED, State.DEAD_LETTER, State.CANCELLED)
 
@@ -174,8 +187,63 @@ def notify(job, state, now, *, result=None, error=None, using="default"):
     return {"webhook": delivery.id}
 
 
-def sign(data, secret):
-    return "sha256=" + hmac.new(secret.encode(), data, hashlib.sha256).hexdigest()
+def sign(data, secret, timestamp):
+    """Return the X-Jobqueue-Signature value for body ``data`` sent at ``timestamp`` (Unix seconds)."""
+    return f"t={timestamp},v1={_mac(data, secret, timestamp)}"
+
+
+def _mac(data, secret, timestamp):
+    return hmac.new(secret.encode(), f"{timestamp}.".encode() + data, hashlib.sha256).hexdigest()
+
+
+class InvalidSignature(Exception):
+    """A webhook signature header is missing, malformed, outside the tolerance or wrong."""
+
+
+# ASCII digits only: int() would also take " 17", "+17", "1_7" and non-ASCII digits.
+_TIMESTAMP = re.compile(r"[0-9]{1,12}")
+
+
+def parse_signature(header):
+    """Return ``(timestamp, [v1 signatures])`` from an X-Jobqueue-Signature value."""
+    # Non-ASCII text would make hmac.compare_digest raise TypeError instead of saying no.
+    if not isinstance(header, str) or not header.isascii():
+        raise InvalidSignature("the signature header is missing or not ASCII")
+    fields = [part.partition("=") for part in header.split(",")]
+    if any(not sep or not key for key, sep, _ in fields):
+        raise InvalidSignature(f"the signature header is not t=<seconds>,v1=<hex>: {header[:100]!r}")
+    stamps = [value for key, _, value in fields if key == "t"]
+    signatures = [value for key, _, value in fields if key == "v1"]  # several while a secret rotates
+    if len(stamps) != 1 or not _TIMESTAMP.fullmatch(stamps[0]) or not signatures:
+        raise InvalidSignature(f"the signature header needs one t=<seconds> and a v1=<hex>: {header[:100]!r}")
+    return int(stamps[0]), signatures
+
+
+def check_signature(body, header, secret, *, tolerance=SIGNATURE_TOLERANCE, now=None):
+    """Raise InvalidSignature unless ``header`` signs the raw ``body`` under ``secret``
+    at a time within ``tolerance`` seconds of ``now`` (default: the current time)."""
+    if not isinstance(body, bytes):
+        raise TypeError("body must be the request's raw bytes, not a re-encoded or parsed copy")
+    timestamp, signatures = parse_signature(header)
+    now = time.time() if now is None else now
+    if abs(now - timestamp) > tolerance:
+        raise InvalidSignature(
+            f"the signature's timestamp {timestamp} is {abs(now - timestamp):.0f}s from now; "
+            f"the tolerance is {tolerance}s"
+        )
+    expected = _mac(body, secret, timestamp)
+    # Constant time: how long a comparison takes must not tell how much of a guess was right.
+    if not any(hmac.compare_digest(expected, signature) for signature in signatures):
+        raise InvalidSignature("no v1 signature matches this body and secret")
+
+
+def verify(body, header, secret, *, tolerance=SIGNATURE_TOLERANCE, now=None):
+    """Return whether ``header`` (X-Jobqueue-Signature) validly signs ``body``: see check_signature()."""
+    try:
+        check_signature(body, header, secret, tolerance=tolerance, now=now)
+    except InvalidSignature:
+        return False
+    return True
 
 
 def _connect(addresses, port, timeout):
@@ -248,10 +316,23 @@ def post(url, data, headers):
     return response.status
 
 
-def deliver(payload):
+def headers_for(data, job, timestamp):
+    """Return the headers of ``job``'s current delivery attempt of ``data``, signed at ``timestamp``."""
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": "jobqueue-webhook/1",
+        DELIVERY_HEADER: str(job.id),
+        ATTEMPT_HEADER: str(job.attempts),
+        TIMESTAMP_HEADER: str(timestamp),
+    }
+    if settings.WEBHOOK_SECRET:
+        headers[SIGNATURE_HEADER] = sign(data, settings.WEBHOOK_SECRET, timestamp)
+    return headers
+
+
+def deliver(payload, job):
     """The ``queue_app.webhook`` handler: POST the body; raise (so the job retries) unless 2xx."""
     data = json.dumps(payload["body"], separators=(",", ":"), sort_keys=True).encode()
-    headers = {"Content-Type": "application/json", "User-Agent": "jobqueue-webhook/1"}
-    if settings.WEBHOOK_SECRET:
-        headers[SIGNATURE_HEADER] = sign(data, settings.WEBHOOK_SECRET)
-    return {"status": post(payload["url"], data, headers)}
+    # Signed now, not at enqueue: a retry an hour later must still fall inside the
+    # receiver's tolerance window.
+    return {"status": post(payload["url"], data, headers_for(data, job, int(time.time())))}

@@ -16,6 +16,8 @@ from queue_app.execution import run_one
 from queue_app.models import Job, State
 
 BODY = {"id": 1, "state": "completed"}
+# The delivery job deliver() runs as: never saved, so these tests need no database.
+DELIVERY = Job(id=1, attempts=1)
 
 
 def allow(settings, hosts, networks=()):
@@ -125,7 +127,7 @@ def test_a_name_that_resolves_to_loopback_is_refused_at_delivery(settings, plain
     url = f"http://localhost:{plain_server.port}/hook"
     webhooks.check_url(url)  # a name passes the enqueue-time check: only its addresses can tell
     with pytest.raises(webhooks.DeliveryFailed, match="resolves to 127.0.0.1: not public"):
-        webhooks.deliver({"url": url, "body": BODY})
+        webhooks.deliver({"url": url, "body": BODY}, DELIVERY)
     assert plain_server.hosts == []
 
 
@@ -133,7 +135,8 @@ def test_a_name_that_resolves_into_an_allowed_network_is_delivered_with_its_own_
     settings, plain_server
 ):
     allow(settings, ["localhost"], ["127.0.0.0/8"])
-    assert webhooks.deliver({"url": f"http://localhost:{plain_server.port}/hook", "body": BODY}) == {"status": 204}
+    url = f"http://localhost:{plain_server.port}/hook"
+    assert webhooks.deliver({"url": url, "body": BODY}, DELIVERY) == {"status": 204}
     assert plain_server.hosts == [f"localhost:{plain_server.port}"]
 
 
@@ -155,9 +158,9 @@ def test_https_connects_to_the_vetted_address_but_sends_and_checks_the_host_name
     url = f"https://localhost:{tls_server.port}/hook"
     # The certificate is not trusted yet: verification is on.
     with pytest.raises(webhooks.DeliveryFailed, match="CERTIFICATE_VERIFY_FAILED"):
-        webhooks.deliver({"url": url, "body": BODY})
+        webhooks.deliver({"url": url, "body": BODY}, DELIVERY)
     monkeypatch.setenv("SSL_CERT_FILE", str(tls_server.cert))
-    assert webhooks.deliver({"url": url, "body": BODY}) == {"status": 204}
+    assert webhooks.deliver({"url": url, "body": BODY}, DELIVERY) == {"status": 204}
     assert tls_server.sni[-1] == "localhost"
     assert tls_server.hosts == [f"localhost:{tls_server.port}"]
 
@@ -166,7 +169,7 @@ def test_https_to_an_ip_the_certificate_does_not_name_fails(settings, tls_server
     allow(settings, ["127.0.0.1"], ["127.0.0.1/32"])
     monkeypatch.setenv("SSL_CERT_FILE", str(tls_server.cert))
     with pytest.raises(webhooks.DeliveryFailed, match="IP address mismatch|doesn't match"):
-        webhooks.deliver({"url": f"https://127.0.0.1:{tls_server.port}/hook", "body": BODY})
+        webhooks.deliver({"url": f"https://127.0.0.1:{tls_server.port}/hook", "body": BODY}, DELIVERY)
     assert tls_server.hosts == []
 
 
