@@ -5,6 +5,7 @@ A kind nobody registered may be the module path of a django.tasks Task
 chooses the kind, and importing a module runs its top-level code, so only modules inside
 ``TASK_MODULES`` (by default the installed apps' and the project's packages) are imported.
 """
+import functools
 import importlib
 import inspect
 import sys
@@ -99,7 +100,20 @@ def kinds():
 
 
 def wants_job(func):
-    """True when the handler declares a ``job`` parameter."""
+    """True when the handler declares a ``job`` parameter (asked once per handler:
+    inspect.signature costs as much as running a no-op job's handler)."""
+    try:
+        return _wants_job(func)
+    except TypeError:  # an unhashable callable: nothing to remember it by
+        return _declares_job(func)
+
+
+@functools.lru_cache(maxsize=1024)
+def _wants_job(func):
+    return _declares_job(func)
+
+
+def _declares_job(func):
     try:
         return "job" in inspect.signature(func).parameters
     except (TypeError, ValueError):

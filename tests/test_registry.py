@@ -95,3 +95,38 @@ def test_a_real_worker_dead_letters_a_task_whose_module_raises_on_import_and_car
     fine.refresh_from_db()
     assert broken.state == State.DEAD_LETTER and "top-level boom" in broken.last_error["message"]
     assert fine.state == State.COMPLETED
+
+
+class _JobTaker:
+    """A callable handler that compares by value, so it cannot be hashed."""
+
+    def __eq__(self, other):
+        return isinstance(other, _JobTaker)
+
+    __hash__ = None
+
+    def __call__(self, payload, job):
+        return {"id": job.id, "seen": payload["n"]}
+
+
+@pytest.mark.django_db
+def test_handlers_get_the_job_when_they_ask_for_it_hashable_or_not():
+    def plain(payload):
+        return payload
+
+    def with_job(payload, job):
+        return job.id
+
+    # Asked twice: the remembered answer must stay each function's own.
+    for _ in range(2):
+        assert registry.wants_job(plain) is False
+        assert registry.wants_job(with_job) is True
+        assert registry.wants_job(_JobTaker()) is True
+    registry.register("unhashable", _JobTaker())
+    try:
+        job = enqueueing.enqueue("unhashable", {"n": 7})
+        done = run_one()
+        assert done.state == State.COMPLETED
+        assert done.result == {"id": job.id, "seen": 7}
+    finally:
+        registry.unregister("unhashable")
