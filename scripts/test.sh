@@ -38,6 +38,10 @@ for s in "${skipped[@]}"; do
     fi
 done
 
+# tests/test_shell_jobs.py: the full 20 workers x 1,000 shell jobs on PostgreSQL,
+# 2,000 on the others (about 40 s of the PostgreSQL run on a quiet 2-core machine).
+export JOBQUEUE_SHELL_TEST_JOBS_POSTGRESQL="${JOBQUEUE_SHELL_TEST_JOBS_POSTGRESQL:-20000}"
+
 pids=()
 for db in "${!URLS[@]}"; do
     (

@@ -7,6 +7,7 @@ import sys
 import time
 
 import pytest
+from django.db import connection
 from django.db.models import Count
 
 from queue_app import bulk_enqueue, enqueue, registry, shell
@@ -14,10 +15,17 @@ from queue_app.execution import run_one
 from queue_app.models import Event, EventType, Job, State, Worker, WorkerState
 from tests.worker_support import lease_settings, start_worker, wait_for
 
-# The issue's figure is 20 workers x 1,000 jobs: JOBQUEUE_SHELL_TEST_JOBS=20000. The
-# default keeps the suite's time on a 2-core machine (about 150 shell jobs/s there).
-SHELL_TEST_JOBS = int(os.environ.get("JOBQUEUE_SHELL_TEST_JOBS", "2000"))
+# The issue's figure is 20 workers x 1,000 jobs: JOBQUEUE_SHELL_TEST_JOBS=20000, or per
+# database JOBQUEUE_SHELL_TEST_JOBS_POSTGRESQL=20000 (as CI runs it: the full size on the
+# engine several hosts share, 2,000 on the others to keep the suite's time on 2 cores).
 SHELL_TEST_WORKERS = 20
+
+
+def shell_test_jobs(vendor):
+    return int(
+        os.environ.get(f"JOBQUEUE_SHELL_TEST_JOBS_{vendor.upper()}")
+        or os.environ.get("JOBQUEUE_SHELL_TEST_JOBS", "2000")
+    )
 
 
 @pytest.fixture
@@ -175,7 +183,7 @@ def test_twenty_workers_run_every_shell_job_exactly_once(shell_on, tmp_path):
     """Each job appends its token to its own file: a job run twice shows as two lines."""
     markers = tmp_path / "markers"
     markers.mkdir()
-    n = SHELL_TEST_JOBS
+    n = shell_test_jobs(connection.vendor)
     # Half acknowledge one by one (execute), half in batches (complete_many).
     workers = [
         start_worker(concurrency=1, batch=1 if w % 2 else 10, name=f"shell-{w}")
