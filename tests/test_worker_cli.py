@@ -2,6 +2,9 @@
 subprocesses against the test database."""
 import re
 import signal
+import socket
+import urllib.error
+import urllib.request
 from datetime import timedelta
 from io import StringIO
 
@@ -114,10 +117,72 @@ def test_workers_all_includes_stopped_ones():
     assert '"status": "stopped"' in out.getvalue()
 
 
-@pytest.mark.parametrize("flag", ["--metrics-addr", "--web-addr"])
-def test_runworker_refuses_the_not_yet_available_servers_and_registers_nothing(flag):
-    with pytest.raises(CommandError, match="not available yet"):
-        call_command("runworker", flag, "127.0.0.1:9100")
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(port, path):
+    """(status, body) of GET http://127.0.0.1:port/path; (None, error) if nothing answers."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError as exc:
+        return None, str(exc)
+
+
+def test_runworker_serves_metrics_and_the_web_ui_beside_its_jobs_and_stops_them_with_it():
+    metrics_port, web_port = free_port(), free_port()
+    job = enqueue("echo", {"n": 1})
+    proc = manage(*RUNWORKER, "--name", "cli-side", "--metrics-addr", f"127.0.0.1:{metrics_port}",
+                  "--web-addr", f"127.0.0.1:{web_port}")
+    wait_for(lambda: Job.objects.filter(id=job.id, state=State.COMPLETED).exists(), timeout=60,
+             what="the worker to run a job")
+
+    status, body = http_get(metrics_port, "/metrics")
+    assert status == 200, body
+    assert 'jobqueue_jobs{state="completed"} 1.0' in body
+    status, body = http_get(web_port, "/health")
+    assert status == 200, body
+    status, _ = http_get(web_port, "/dashboard/")
+    assert status == 200  # the login page, after the redirect
+
+    proc.send_signal(signal.SIGTERM)
+    code, out = finish(proc, within=40)
+    assert code == 0, out
+    # Both servers went with the worker.
+    assert http_get(metrics_port, "/metrics")[0] is None
+    assert http_get(web_port, "/health")[0] is None
+    assert Worker.objects.get(name="cli-side").state == WorkerState.STOPPED
+
+
+def test_runworker_refuses_to_start_when_its_metrics_port_is_taken_and_registers_nothing():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = manage(*RUNWORKER, "--name", "cli-taken", "--metrics-addr", f"127.0.0.1:{port}")
+        code, out = finish(proc, within=40)
+
+    assert code != 0
+    assert f"cannot serve the metrics server on 127.0.0.1:{port}: Address already in use" in out
+    assert not Worker.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "flag, addr, message",
+    [
+        ("--metrics-addr", "9100", "must look like :9090 or 127.0.0.1:9090"),
+        ("--metrics-addr", "host:99999", "must look like :9090"),
+        ("--web-addr", "a b:80", "--web-addr 'a b:80' is not HOST:PORT"),
+    ],
+)
+def test_runworker_refuses_a_malformed_server_address_and_registers_nothing(flag, addr, message):
+    with pytest.raises(CommandError, match=re.escape(message)):
+        call_command("runworker", flag, addr)
 
     assert not Worker.objects.exists()
 

@@ -3,7 +3,7 @@ import importlib
 
 from django.core.management.base import BaseCommand, CommandError
 
-from queue_app import worker, workers
+from queue_app import sidecars, worker, workers
 from queue_app.cli import duration, positive_int
 
 
@@ -34,13 +34,16 @@ class Command(BaseCommand):
         parser.add_argument("--name", help="Worker name in the registry (default: host:pid:random).")
         parser.add_argument("--import", action="append", dest="imports", metavar="MODULE",
                             help="Import this module first, e.g. one that registers handlers (repeatable).")
-        parser.add_argument("--metrics-addr", metavar="HOST:PORT", help="Serve /metrics beside the worker.")
-        parser.add_argument("--web-addr", metavar="HOST:PORT", help="Serve the dashboard beside the worker.")
+        parser.add_argument("--metrics-addr", metavar="HOST:PORT",
+                            help="Also serve /metrics here (as `manage.py metrics --addr`), e.g. :9100.")
+        parser.add_argument("--web-addr", metavar="HOST:PORT",
+                            help="Also serve the admin, dashboard and API here (as `manage.py web --addr`).")
 
     def handle(self, *args, **o):
-        for flag in ("metrics_addr", "web_addr"):
-            if o.get(flag):
-                raise CommandError(f"--{flag.replace('_', '-')} is not available yet")
+        try:
+            sidecars.check_addresses(o["metrics_addr"], o["web_addr"])
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
         if o["lease"] is not None and o["lease"] <= 0:
             raise CommandError("--lease must be longer than 0")
         if o["heartbeat"] is not None and o["lease"] is not None and o["heartbeat"] >= o["lease"]:
@@ -69,8 +72,9 @@ class Command(BaseCommand):
             name=o["name"],
         )
         try:
-            code = worker.run(options)
-        except workers.NameInUse as exc:
+            with sidecars.serving(o["metrics_addr"], o["web_addr"]):
+                code = worker.run(options)
+        except (workers.NameInUse, sidecars.SidecarFailed) as exc:
             raise CommandError(str(exc)) from None
         if code:
             raise SystemExit(code)
