@@ -11,8 +11,9 @@ process start-up is left out; ``wall_s`` is the whole command, start-up included
 With --latency: idle workers (2 processes), 200 single enqueues 20 ms apart, and the
 p50/p95/p99 of started_at - created_at. On PostgreSQL LISTEN/NOTIFY wakes the workers,
 so the poll interval should not show; on SQLite idle workers watch PRAGMA data_version
-(SQLITE_WAKE_INTERVAL) and wake within milliseconds; on MariaDB latency is about half
-the poll. Each drain line also carries the peak resident memory per process.
+(SQLITE_WAKE_INTERVAL) and wake within milliseconds; on MariaDB they watch the newest
+event id (MARIADB_WAKE_INTERVAL). Each drain line also carries the peak resident memory
+per process.
 """
 import argparse
 import json

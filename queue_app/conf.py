@@ -78,6 +78,9 @@ DEFAULTS = {
     # SQLite: seconds between an idle worker's looks at PRAGMA data_version (whether any
     # connection committed since), claiming only when it moved; 0 disables (plain polling).
     "SQLITE_WAKE_INTERVAL": 0.005,
+    # MariaDB: seconds between an idle worker's looks at the newest event id (one index
+    # read), claiming only when it moved; 0 disables (plain polling).
+    "MARIADB_WAKE_INTERVAL": 0.02,
     # /metrics: with a token set, a scrape must send "Authorization: Bearer <token>" (or
     # basic auth with the token as password). Without one only loopback clients are
     # served, unless METRICS_PUBLIC opens it to all.

@@ -8,7 +8,13 @@ commits to the file, and reading it touches no table (it costs microseconds). So
 idle child reads it every SQLITE_WAKE_INTERVAL and returns to claim as soon as it
 moved: enqueue-to-start latency is a few milliseconds instead of half the poll
 interval, while an idle queue still costs no claim queries. Any commit wakes it
-(heartbeats too); the claim that follows simply finds nothing."""
+(heartbeats too); the claim that follows simply finds nothing.
+
+MariaDB has neither, so an idle child there reads the newest event id every
+MARIADB_WAKE_INTERVAL: every edge that makes a job ready (enqueue, requeue, retry
+now, lease recovery) appends an event in the same transaction, so the id moves on
+commit, and MAX() of the primary key is a single index read ("Select tables optimized
+away"). A job whose retry or schedule comes due later is found by the ordinary poll."""
 import logging
 import time
 
@@ -33,6 +39,8 @@ class Waiter:
                 log.exception("LISTEN failed; falling back to polling")
         if connection.vendor == "sqlite" and settings.SQLITE_WAKE_INTERVAL and not options.burst:
             return SqliteWaiter(float(settings.SQLITE_WAKE_INTERVAL))
+        if connection.vendor == "mysql" and settings.MARIADB_WAKE_INTERVAL and not options.burst:
+            return MariadbWaiter(float(settings.MARIADB_WAKE_INTERVAL))
         return Waiter()
 
     def wait(self, seconds, stopping):
@@ -69,17 +77,19 @@ class PgWaiter(Waiter):
 
 
 class SqliteWaiter(Waiter):
+    # data_version is per connection: it moves for commits by *other* connections,
+    # which is what an enqueue is. The worker's own claims do not wake it.
+    VERSION = "PRAGMA data_version"
+
     def __init__(self, interval):
         self.interval = interval
 
     def _version(self):
         with connection.cursor() as cursor:
-            cursor.execute("PRAGMA data_version")
+            cursor.execute(self.VERSION)
             return cursor.fetchone()[0]
 
     def wait(self, seconds, stopping):
-        # data_version is per connection: it moves for commits by *other* connections,
-        # which is what an enqueue is. The worker's own claims do not wake it.
         end = time.monotonic() + seconds
         try:
             seen = self._version()
@@ -89,3 +99,7 @@ class SqliteWaiter(Waiter):
         while not stopping.wait(min(self.interval, max(0.0, end - time.monotonic()))):
             if time.monotonic() >= end or self._version() != seen:
                 return
+
+
+class MariadbWaiter(SqliteWaiter):
+    VERSION = "SELECT MAX(id) FROM queue_app_event"
