@@ -200,6 +200,9 @@ class JobIn(Schema):
     run_after: float | None = Field(default=None, description="Earliest start as seconds from now.")
     max_attempts: int | None = None
     idempotency_key: str | None = None
+    concurrency_key: str | None = Field(
+        default=None, description="With the kind's per_key limit, at most per_key jobs with this key run at once."
+    )
     timeout: float | None = Field(default=None, description="Seconds one attempt may run.")
     unique_for: float | None = Field(default=None, description="Seconds the idempotency key dedupes for.")
     strict: bool = Field(default=False, description="409 instead of 200 when the idempotency key matches a job.")
@@ -236,6 +239,7 @@ class JobOut(Schema):
     attempts: int
     max_attempts: int
     idempotency_key: str | None
+    concurrency_key: str | None = None
     lease_owner: str | None
     lease_expires_at: datetime | None
     created_at: datetime

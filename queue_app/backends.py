@@ -14,9 +14,10 @@
 
 A task's job has kind = the task's module path and payload = {"args": [...],
 "kwargs": {...}}; priority, queue_name and run_after (-> run_at) carry over. Our extras
-(max_attempts, timeout, idempotency_key, backoff) are task options: ``@task(max_attempts=5)``
-on Django 6.1, ``.using(idempotency_key=...)`` per call, or ``with_options(task, ...)``
-on Django 6.0, whose ``@task`` does not pass extra keyword arguments on.
+(max_attempts, timeout, idempotency_key, concurrency_key, backoff) are task options:
+``@task(max_attempts=5)`` on Django 6.1, ``.using(idempotency_key=...)`` or
+``.using(concurrency_key="customer:42")`` per call, or ``with_options(task, ...)`` on
+Django 6.0, whose ``@task`` does not pass extra keyword arguments on.
 
 ``backoff`` is a retry base (``backoff=3``: 3, 9, 27... seconds) or a dict with any of
 ``base``, ``max`` (seconds) and ``jitter``; it sets the task's ``backoff_base``,
@@ -42,7 +43,7 @@ from queue_app.models import KIND_MAX_LENGTH, QUEUE_NAME_MAX_LENGTH, Job
 
 OPTION_NAMES = ("database", "max_attempts", "timeout", "backoff")
 BACKOFF_FIELDS = ("backoff_base", "backoff_max", "backoff_jitter")
-EXTRA_FIELDS = ("max_attempts", "timeout", "idempotency_key", *BACKOFF_FIELDS)
+EXTRA_FIELDS = ("max_attempts", "timeout", "idempotency_key", "concurrency_key", *BACKOFF_FIELDS)
 # The keys a backoff dict may hold, and the job field each one sets.
 BACKOFF_KEYS = {"base": "backoff_base", "max": "backoff_max", "jitter": "backoff_jitter"}
 
@@ -72,6 +73,8 @@ class QueueTask(Task):
     timeout: float | None = None
     # Enqueueing a key that a live job holds returns that job instead of a new one.
     idempotency_key: str | None = None
+    # With the task's per_key limit (flow.py), jobs sharing this key run at most per_key at a time.
+    concurrency_key: str | None = None
     # Retry backoff (base ** attempt seconds, capped, jittered); None: OPTIONS["backoff"]
     # or JOBQUEUE's BACKOFF_* settings.
     backoff_base: float | None = None
@@ -95,6 +98,7 @@ class QueueTask(Task):
         max_attempts=None,
         timeout=None,
         idempotency_key=None,
+        concurrency_key=None,
         backoff=None,
         backoff_base=None,
         backoff_max=None,
@@ -107,6 +111,7 @@ class QueueTask(Task):
         )
         extras = {
             "max_attempts": max_attempts, "timeout": timeout, "idempotency_key": idempotency_key,
+            "concurrency_key": concurrency_key,
             **backoff_fields(backoff),
             **{
                 name: value
@@ -120,7 +125,7 @@ class QueueTask(Task):
 
 def with_options(task, **options):
     """Return a copy of ``task`` carrying our job options (max_attempts, timeout,
-    idempotency_key, backoff or backoff_base/backoff_max/backoff_jitter).
+    idempotency_key, concurrency_key, backoff or backoff_base/backoff_max/backoff_jitter).
 
     For Django 6.0, whose ``@task`` does not pass extra keywords to the backend, and for
     tasks created by another backend's ``task_class``.
@@ -172,6 +177,7 @@ class DatabaseBackend(BaseTaskBackend):
             if getattr(task, "timeout", None) is not None:
                 validation.seconds(task.timeout, "timeout", maximum=settings.MAX_TIMEOUT_SECONDS)
             validation.idempotency_key(getattr(task, "idempotency_key", None))
+            validation.concurrency_key(getattr(task, "concurrency_key", None))
             validation.backoff_base(getattr(task, "backoff_base", None))
             validation.backoff_max(getattr(task, "backoff_max", None))
             validation.backoff_jitter(getattr(task, "backoff_jitter", None))
@@ -192,6 +198,7 @@ class DatabaseBackend(BaseTaskBackend):
             "max_attempts": pick("max_attempts"),
             "timeout": pick("timeout"),
             "idempotency_key": getattr(task, "idempotency_key", None),
+            "concurrency_key": getattr(task, "concurrency_key", None),
             **{name: pick(name) for name in BACKOFF_FIELDS},
         }
 

@@ -60,6 +60,7 @@ def job_dict(job, now=None):
         "attempts": job.attempts,
         "max_attempts": job.max_attempts,
         "idempotency_key": job.idempotency_key,
+        "concurrency_key": job.concurrency_key,
         "run_at": job.run_at,
         "created_at": job.created_at,
         "started_at": job.started_at,

@@ -10,6 +10,7 @@ from django.utils import timezone
 PRIORITY_MIN = -100
 PRIORITY_MAX = 100
 IDEMPOTENCY_KEY_MAX_LENGTH = 255
+CONCURRENCY_KEY_MAX_LENGTH = 255
 KIND_MAX_LENGTH = 200
 QUEUE_NAME_MAX_LENGTH = 100
 
@@ -123,6 +124,12 @@ class Job(models.Model):
     progress = models.FloatField(null=True, blank=True, help_text="0-100, as the handler last reported.")
     progress_message = models.CharField(max_length=500, null=True, blank=True)
     metadata = models.JSONField(null=True, blank=True)
+    # Per-key limit (flow.py): with its kind's KindLimit.per_key set, at most that many
+    # jobs with this key are leased at once. No index of its own: the leased jobs of a
+    # kind, the only rows counted by key, come from jq_job_state_kind_queue and are few.
+    concurrency_key = models.CharField(
+        max_length=CONCURRENCY_KEY_MAX_LENGTH, null=True, blank=True, help_text="Empty: not limited per key."
+    )
 
     objects = JobQuerySet.as_manager()
 
@@ -343,7 +350,8 @@ class Pause(models.Model):
 
 class KindLimit(models.Model):
     """Flow control for one kind, cluster-wide (see flow.py): at most ``concurrency``
-    leased at once, at most ``rate_limit`` starts per ``rate_period`` seconds.
+    leased at once, at most ``per_key`` leased at once per job ``concurrency_key``, at
+    most ``rate_limit`` starts per ``rate_period`` seconds.
 
     The row is also the lock that claims of this kind take; ``window_start`` and
     ``window_count`` are the current rate window, written under that lock.
@@ -352,6 +360,9 @@ class KindLimit(models.Model):
     kind = models.CharField(max_length=KIND_MAX_LENGTH, primary_key=True)
     concurrency = models.PositiveIntegerField(null=True, blank=True, help_text="Empty: no limit.")
     rate_limit = models.PositiveIntegerField(null=True, blank=True, help_text="Starts per period; empty: no limit.")
+    per_key = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Leased at once per concurrency key; empty: no limit."
+    )
     rate_period = models.FloatField(default=60.0, help_text="Seconds.")
     window_start = models.DateTimeField(null=True, blank=True)
     window_count = models.PositiveIntegerField(default=0)

@@ -73,6 +73,7 @@ def _new_job(req, now):
         run_at=req.run_at or now,
         max_attempts=req.max_attempts,
         idempotency_key=req.idempotency_key,
+        concurrency_key=req.concurrency_key,
         timeout=req.timeout,
         created_at=now,
         on_success=req.on_success,
@@ -89,6 +90,8 @@ def _enqueued_event(job, now, **extra):
     meta = {"queue": job.queue_name, "priority": job.priority, "run_at": job.run_at.isoformat()}
     if job.parent_id is not None:
         meta["parent"] = job.parent_id
+    if job.concurrency_key is not None:
+        meta["concurrency_key"] = job.concurrency_key
     return _event(job.id, EventType.ENQUEUED, now, to_state=State.PENDING, metadata={**meta, **extra})
 
 
@@ -125,7 +128,7 @@ def _given(req, now):
         "idempotency_key": req.idempotency_key, "timeout": req.timeout, "created_at": now,
         "on_success": req.on_success, "on_failure": req.on_failure, "webhook_url": req.webhook_url,
         "parent_id": req.parent_id, "backoff_base": req.backoff_base, "backoff_max": req.backoff_max,
-        "backoff_jitter": req.backoff_jitter,
+        "backoff_jitter": req.backoff_jitter, "concurrency_key": req.concurrency_key,
     }
 
 
@@ -133,6 +136,8 @@ def _enqueued_meta(given):
     meta = {"queue": given["queue_name"], "priority": given["priority"], "run_at": given["run_at"].isoformat()}
     if given["parent_id"] is not None:
         meta["parent"] = given["parent_id"]
+    if given["concurrency_key"] is not None:
+        meta["concurrency_key"] = given["concurrency_key"]
     return meta
 
 
@@ -194,7 +199,8 @@ def _insert_plain(db, reqs, now):
             # A batch's jobs mostly share queue, priority and run_at: adapt each metadata once.
             events, shared = [], {}
             for job_id, given in zip(ids, chunk):
-                key = (given["queue_name"], given["priority"], given["run_at"], given["parent_id"])
+                key = (given["queue_name"], given["priority"], given["run_at"], given["parent_id"],
+                       given["concurrency_key"])
                 tail = shared.get(key)
                 if tail is None:
                     event = rows.event_params(

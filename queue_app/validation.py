@@ -14,6 +14,7 @@ from django.utils import timezone
 from queue_app.conf import settings
 from queue_app.exceptions import InvalidJob
 from queue_app.models import (
+    CONCURRENCY_KEY_MAX_LENGTH,
     IDEMPOTENCY_KEY_MAX_LENGTH,
     KIND_MAX_LENGTH,
     PRIORITY_MAX,
@@ -41,6 +42,7 @@ ENQUEUE_FIELDS = (
     "run_after",
     "max_attempts",
     "idempotency_key",
+    "concurrency_key",
     "timeout",
     "unique_for",
     "on_success",
@@ -76,6 +78,9 @@ class EnqueueRequest:
     backoff_base: float | None = None
     backoff_max: float | None = None
     backoff_jitter: bool | None = None
+    # Jobs of a kind with a per_key limit (flow.py) that share this key are leased at
+    # most per_key at a time; None: not limited per key.
+    concurrency_key: str | None = None
     # Set by chaining for a follow-up job, never by callers.
     parent_id: int | None = None
     # The payload's JSON text as validated, stored as is (None: encode ``payload``).
@@ -276,18 +281,24 @@ def run_at(value, now):
     return max(value, now)
 
 
-def idempotency_key(value):
+def _key(value, field, max_length):
     if value is None:
         return None
     if not isinstance(value, str) or not value:
-        raise InvalidJob("idempotency_key must be a non-empty string", "idempotency_key")
-    text(value, "idempotency_key")
-    if len(value) > IDEMPOTENCY_KEY_MAX_LENGTH:
-        raise InvalidJob(
-            f"idempotency_key is {len(value)} characters; the limit is {IDEMPOTENCY_KEY_MAX_LENGTH}",
-            "idempotency_key",
-        )
+        raise InvalidJob(f"{field} must be a non-empty string", field)
+    text(value, field)
+    if len(value) > max_length:
+        raise InvalidJob(f"{field} is {len(value)} characters; the limit is {max_length}", field)
     return value
+
+
+def idempotency_key(value):
+    return _key(value, "idempotency_key", IDEMPOTENCY_KEY_MAX_LENGTH)
+
+
+def concurrency_key(value):
+    """The key a kind's per_key limit counts by, e.g. "customer:42"; any text."""
+    return _key(value, "concurrency_key", CONCURRENCY_KEY_MAX_LENGTH)
 
 
 def template(value, field, now):
@@ -419,6 +430,7 @@ def enqueue_options(options, now, between=None):
         run_at=when,
         max_attempts=max_attempts(settings.DEFAULT_MAX_ATTEMPTS if attempts is None else attempts),
         idempotency_key=idempotency_key(options.get("idempotency_key")),
+        concurrency_key=concurrency_key(options.get("concurrency_key")),
         timeout=timeout,
         unique_for=unique_for,
         on_success=template(options.get("on_success"), "on_success", now),

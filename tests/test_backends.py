@@ -113,6 +113,13 @@ def test_an_idempotency_key_returns_the_live_job_instead_of_a_second_one():
 
 
 @pytest.mark.django_db
+def test_a_concurrency_key_is_a_per_call_task_option():
+    assert job_of(tasks.add.using(concurrency_key="customer:42").enqueue(1, 2)).concurrency_key == "customer:42"
+    assert job_of(with_options(tasks.noop, concurrency_key="customer:7").enqueue()).concurrency_key == "customer:7"
+    assert job_of(tasks.add.enqueue(1, 2)).concurrency_key is None
+
+
+@pytest.mark.django_db
 def test_backend_options_give_defaults_for_max_attempts_and_timeout(settings):
     settings.TASKS = {"default": {"BACKEND": BACKEND, "OPTIONS": {"max_attempts": 9, "timeout": 30}}}
     job = job_of(tasks.add.enqueue(1, 2))
@@ -141,6 +148,9 @@ def test_with_options_gives_any_task_our_options():
         (lambda: tasks.add.using(max_attempts=0), "max_attempts 0 is out of range"),
         (lambda: tasks.add.using(timeout=-1), "timeout must be > 0"),
         (lambda: tasks.add.using(idempotency_key="k" * 300), "idempotency_key is 300 characters"),
+        (lambda: tasks.add.using(concurrency_key="k" * 300), "concurrency_key is 300 characters"),
+        (lambda: tasks.add.using(concurrency_key=42), "concurrency_key must be a non-empty string"),
+        (lambda: with_options(tasks.noop, concurrency_key=""), "concurrency_key must be a non-empty string"),
         (lambda: tasks.add.using(run_after=datetime(2030, 1, 1)), "run_after must be an aware datetime"),
         (lambda: QueueTask(func=tasks.add.func, takes_context=True), "first argument of 'context'"),
     ],

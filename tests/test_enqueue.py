@@ -79,6 +79,10 @@ def test_idempotent_enqueue_inside_an_outer_transaction_leaves_it_usable():
         ({"run_at": "tomorrow"}, "datetime"),
         ({"idempotency_key": "k" * 256}, "256 characters"),
         ({"idempotency_key": ""}, "idempotency_key"),
+        ({"concurrency_key": "k" * 256}, "concurrency_key is 256 characters; the limit is 255"),
+        ({"concurrency_key": ""}, "concurrency_key must be a non-empty string"),
+        ({"concurrency_key": 42}, "concurrency_key must be a non-empty string"),
+        ({"concurrency_key": "a\x00b"}, "concurrency_key may not contain the NUL"),
         ({"queue_name": "has space"}, "queue_name"),
         ({"queue_name": "q" * 101}, "queue_name"),
     ],
@@ -263,6 +267,98 @@ def test_post_api_jobs_refuses_bad_backoff_options_with_400_and_writes_nothing(b
     assert r.status_code == 400, r.content
     assert r.json()["field"] == field
     assert field in r.json()["error"]
+    assert nothing_written()
+
+
+# --- concurrency key (per-key limits, flow.py) ---------------------------------------------
+
+
+def test_a_concurrency_key_is_stored_and_named_in_the_enqueued_event_on_every_path():
+    plain = enqueue("echo", {}, concurrency_key="customer:42")
+    keyed = enqueue("echo", {}, concurrency_key="customer:42", idempotency_key="once")
+    # Two or more rows: the multi-row INSERT (COPY on PostgreSQL).
+    batch = bulk_enqueue([{"kind": "echo", "concurrency_key": f"customer:{n}"} for n in range(3)] + [{"kind": "echo"}])
+    stored = dict(Job.objects.values_list("id", "concurrency_key"))
+    assert [stored[j.id] for j in (plain, keyed, *batch)] == [
+        "customer:42", "customer:42", "customer:0", "customer:1", "customer:2", None,
+    ]
+    assert [j.concurrency_key for j in (plain, keyed, *batch)] == [stored[j.id] for j in (plain, keyed, *batch)]
+    meta = {e.job_id: e.metadata for e in Event.objects.filter(type="enqueued")}
+    assert [meta[j.id].get("concurrency_key") for j in (plain, keyed, *batch)] == [
+        "customer:42", "customer:42", "customer:0", "customer:1", "customer:2", None,
+    ]
+
+
+def test_a_bad_concurrency_key_in_a_batch_refuses_the_whole_batch():
+    with pytest.raises(InvalidJob, match="job 1: concurrency_key") as info:
+        bulk_enqueue([{"kind": "echo", "concurrency_key": "a"}, {"kind": "echo", "concurrency_key": ["a"]}])
+    assert info.value.field == "concurrency_key"
+    assert nothing_written()
+
+
+def test_manage_py_enqueue_takes_a_concurrency_key_as_a_flag_or_in_the_document():
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    call_command("enqueue", "--kind", "echo", "--concurrency-key", "customer:42", stdout=StringIO())
+    call_command("enqueue", '{"kind": "echo", "concurrency_key": "customer:7"}', stdout=StringIO())
+    assert list(Job.objects.order_by("id").values_list("concurrency_key", flat=True)) == ["customer:42", "customer:7"]
+    out = StringIO()
+    call_command("history", str(Job.objects.order_by("id").first().id), stdout=out)
+    assert "concurrency key: customer:42" in out.getvalue()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--kind", "echo", "--concurrency-key", ""], "concurrency_key must be a non-empty string"),
+        (["--kind", "echo", "--concurrency-key", "k" * 256], "concurrency_key is 256 characters"),
+        (['{"kind": "echo", "concurrency_key": 42}'], "concurrency_key must be a non-empty string"),
+    ],
+)
+def test_manage_py_enqueue_refuses_a_bad_concurrency_key_with_status_2_and_writes_nothing(args, message):
+    from io import StringIO
+
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError, match=message) as err:
+        call_command("enqueue", *args, stdout=StringIO())
+    assert err.value.returncode == 2
+    assert nothing_written()
+
+
+def _api_client():
+    from django.test import Client
+
+    from queue_app import api_auth
+
+    return Client(headers={"X-API-Key": api_auth.create("keys")[1]})
+
+
+def test_post_api_jobs_takes_a_concurrency_key_and_returns_it():
+    client = _api_client()
+    r = client.post("/api/jobs", {"kind": "echo", "concurrency_key": "customer:42"}, content_type="application/json")
+    assert r.status_code == 201, r.content
+    assert r.json()["concurrency_key"] == "customer:42"
+    assert Job.objects.get(id=r.json()["id"]).concurrency_key == "customer:42"
+    unkeyed = client.post("/api/jobs", {"kind": "echo"}, content_type="application/json")
+    assert unkeyed.status_code == 201 and unkeyed.json()["concurrency_key"] is None
+    bulk = client.post("/api/jobs/bulk", {"jobs": [{"kind": "echo", "concurrency_key": "customer:7"}] * 2},
+                       content_type="application/json")
+    assert bulk.status_code == 201, bulk.content
+    assert [j["concurrency_key"] for j in bulk.json()] == ["customer:7", "customer:7"]
+
+
+@pytest.mark.parametrize("value", ["", "k" * 256, 42, ["a"], "a\x00b"])
+def test_post_api_jobs_refuses_a_bad_concurrency_key_with_400_and_writes_nothing(value):
+    client = _api_client()
+    body = {"kind": "echo", "concurrency_key": value}
+    r = client.post("/api/jobs", body, content_type="application/json")
+    assert r.status_code == 400, r.content
+    assert r.json()["field"] == "concurrency_key"
+    bulk = client.post("/api/jobs/bulk", {"jobs": [{"kind": "echo"}, body]}, content_type="application/json")
+    assert bulk.status_code == 400, bulk.content
     assert nothing_written()
 
 

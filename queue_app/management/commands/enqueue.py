@@ -6,8 +6,9 @@ from queue_app.conf import settings
 from queue_app.exceptions import InvalidJob
 
 # Keys the JSON-document form accepts, as the Python API names them.
-DOCUMENT_KEYS = {"kind", "payload", "queue", "queue_name", "priority", "idempotency_key", "max_attempts",
-                 "run_at", "run_after", "timeout", "backoff_base", "backoff_max", "backoff_jitter"}
+DOCUMENT_KEYS = {"kind", "payload", "queue", "queue_name", "priority", "idempotency_key", "concurrency_key",
+                 "max_attempts", "run_at", "run_after", "timeout", "backoff_base", "backoff_max",
+                 "backoff_jitter"}
 BACKOFF_FLAGS = ("backoff_base", "backoff_max", "backoff_jitter")
 
 
@@ -27,6 +28,7 @@ class Command(cli.QueueCommand):
   manage.py enqueue --kind email --payload '{"to": "user@example.com"}' --priority 20
   manage.py enqueue --kind report --payload '{"values": [1, 2, 3]}' --run-after 5m --max-attempts 5
   manage.py enqueue --kind email --payload '{"to": "a@example.com"}' --idempotency-key welcome:42
+  manage.py enqueue --kind sync --payload '{"customer": 42}' --concurrency-key customer:42
   manage.py enqueue --kind email --run-at 2026-12-01T09:00:00Z --queue mail
   manage.py enqueue --kind sync --max-attempts 8 --backoff-base 3 --backoff-max 10m --backoff-jitter
   manage.py enqueue '{"kind": "email", "payload": {"to": "user@example.com"}, "priority": 20}'
@@ -38,8 +40,8 @@ durations: 500ms, 30s, 5m, 1h, 7d or plain seconds. Exit status 2 on bad input (
     def add_arguments(self, parser):
         parser.add_argument("document", nargs="?", metavar="JSON",
                             help="The whole job as a JSON object: kind, payload and any option below "
-                                 "(queue, priority, idempotency_key, max_attempts, run_at, run_after, timeout, "
-                                 "backoff_base, backoff_max, backoff_jitter).")
+                                 "(queue, priority, idempotency_key, concurrency_key, max_attempts, run_at, "
+                                 "run_after, timeout, backoff_base, backoff_max, backoff_jitter).")
         parser.add_argument("--kind", help="Handler that runs the job, e.g. email.")
         parser.add_argument("--payload", metavar="JSON", help="The job's JSON payload (default {}).")
         parser.add_argument("--command", metavar="SHELL",
@@ -47,6 +49,9 @@ durations: 500ms, 30s, 5m, 1h, 7d or plain seconds. Exit status 2 on bad input (
         parser.add_argument("--queue", help=f"Queue name (default {settings.DEFAULT_QUEUE!r}).")
         parser.add_argument("--priority", type=cli.integer, help="-100..100, higher runs first (default 0).")
         parser.add_argument("--idempotency-key", metavar="KEY", help="Same key, same job: no duplicate.")
+        parser.add_argument("--concurrency-key", metavar="KEY",
+                            help="With the kind's per-key limit (limits KIND --per-key N), at most N jobs "
+                                 "with this key run at once.")
         parser.add_argument("--max-attempts", type=cli.integer, metavar="N",
                             help=f"Attempt budget (default {settings.DEFAULT_MAX_ATTEMPTS}).")
         when = parser.add_mutually_exclusive_group()
@@ -79,7 +84,8 @@ durations: 500ms, 30s, 5m, 1h, 7d or plain seconds. Exit status 2 on bad input (
     def request(self, o):
         """Turn flags or the JSON document into enqueue() arguments; refuse bad input."""
         flags = {k: o[k] for k in ("kind", "payload", "command", "queue", "priority", "idempotency_key",
-                                    "max_attempts", "run_at", "run_after", "timeout", *BACKOFF_FLAGS)
+                                    "concurrency_key", "max_attempts", "run_at", "run_after", "timeout",
+                                    *BACKOFF_FLAGS)
                  if o[k] is not None}
         if o["document"] is not None:
             if flags:
@@ -105,6 +111,7 @@ durations: 500ms, 30s, 5m, 1h, 7d or plain seconds. Exit status 2 on bad input (
             "queue_name": o["queue"],
             "priority": o["priority"],
             "idempotency_key": o["idempotency_key"],
+            "concurrency_key": o["concurrency_key"],
             "max_attempts": o["max_attempts"],
             "run_at": cli.timestamp(o["run_at"]) if o["run_at"] else None,
             "run_after": o["run_after"],

@@ -34,6 +34,8 @@ last OUTPUT_MAX_BYTES of each stream). Exit status 2 if the job does not exist."
         console.print(f"payload: {cli.compact(j['payload'])}", markup=False)
         if j["idempotency_key"]:
             console.print(f"idempotency key: {j['idempotency_key']}", markup=False)
+        if j["concurrency_key"]:
+            console.print(f"concurrency key: {j['concurrency_key']}", markup=False)
         console.print(f"created {cli.when(j['created_at'])}, run at {cli.when(j['run_at'])}, "
                       f"finished {cli.when(j['finished_at'])}")
         if j["state"] == "completed":
