@@ -10,7 +10,13 @@ Per call: ``send_welcome_email.using(priority=50, run_after=later, idempotency_k
 import asyncio
 import logging
 
+import django
 from django.tasks import task
+
+from queue_app import backends
+
+# Our extras ride on Django 6.1's @task; on 6.0 backends.task takes them instead.
+options_task = task if django.VERSION >= (6, 1) else backends.task
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +27,7 @@ def add(a, b):
     return a + b
 
 
-@task(priority=10, max_attempts=5, timeout=60)
+@options_task(priority=10, max_attempts=5, timeout=60)
 def send_welcome_email(address):
     """Our extras (max_attempts, timeout) ride on @task as keyword arguments."""
     log.info("would send a welcome email to %s", address)

@@ -8,7 +8,6 @@ filter and search, which runs in batches (see ``operations.apply_many``).
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
-from django.contrib.admin.options import ActionLocation
 from django.db.models import Q, TextField
 from django.db.models.functions import Cast
 from django.template.response import TemplateResponse
@@ -22,6 +21,19 @@ from queue_app.exceptions import InvalidJob
 from queue_app.models import DeadLetter, Event, Job, KindLimit, Pause, Schedule, Worker
 
 MATCHING = "_matching"
+
+try:
+    from django.contrib.admin.options import ActionLocation
+
+    ACTION_LIST = ActionLocation.CHANGE_LIST
+except ImportError:  # Django 6.0: actions have no location yet
+    ACTION_LIST = None
+
+
+def _location(action_location):
+    """The arguments for ModelAdmin.get_actions(): Django 6.1 takes where the actions
+    show (and warns about overrides without it); 6.0 takes nothing."""
+    return () if action_location is None else (action_location,)
 
 
 class StatusFilter(admin.SimpleListFilter):
@@ -152,8 +164,8 @@ class JobAdmin(admin.ModelAdmin):
             return False
         return super().has_change_permission(request)
 
-    def get_actions(self, request, action_location=ActionLocation.CHANGE_LIST):
-        actions = super().get_actions(request, action_location=action_location)
+    def get_actions(self, request, action_location=ACTION_LIST):
+        actions = super().get_actions(request, *_location(action_location))
         # Django's own delete collects every related row for its confirmation page:
         # hopeless over a filter of 100,000 jobs. Ours deletes in batches.
         actions.pop("delete_selected", None)
@@ -332,8 +344,8 @@ class WorkerAdmin(admin.ModelAdmin):
         # the stop request, through the action.
         return obj is None and super().has_change_permission(request)
 
-    def get_actions(self, request, action_location=ActionLocation.CHANGE_LIST):
-        actions = super().get_actions(request, action_location=action_location)
+    def get_actions(self, request, action_location=ACTION_LIST):
+        actions = super().get_actions(request, *_location(action_location))
         actions.pop("delete_selected", None)
         return actions
 

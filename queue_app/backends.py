@@ -140,6 +140,22 @@ def with_options(task, **options):
     return QueueTask(**{**base, **options})
 
 
+def task(function=None, **options):
+    """``django.tasks.task`` that also takes our job options, on Django 6.0 as on 6.1:
+    ``@task(max_attempts=5, timeout=60)``. Django's own arguments (priority, queue_name,
+    backend, takes_context) go to Django's decorator, ours through with_options(): 6.0's
+    ``@task`` would refuse them, 6.1's passes them on itself."""
+    from django.tasks import task as django_task
+
+    ours = {name: options.pop(name) for name in list(options) if name in {*EXTRA_FIELDS, "backoff"}}
+
+    def make(func):
+        made = django_task(func, **options)
+        return with_options(made, **ours) if ours else made
+
+    return make(function) if function is not None else make
+
+
 def _invalid(exc):
     return InvalidTask(str(exc))
 
