@@ -119,7 +119,8 @@ DEFAULTS = {
     "DASHBOARD_COUNT_CAP": 100000,
     "DASHBOARD_PAGE_SIZE": 50,
     "DASHBOARD_REFRESH_SECONDS": 5,
-    # Flow control (flow.py): kind -> {"concurrency": N, "rate_limit": N, "rate_period": s}.
+    # Flow control (flow.py): kind -> {"concurrency": N, "per_key": N, "rate_limit": N,
+    # "rate_period": s}; per_key caps leased jobs per Job.concurrency_key.
     # Copied into the KindLimit table when a worker starts or `manage.py limits --sync`
     # runs; edit them at runtime in the admin or with `manage.py limits`.
     "LIMITS": {},

@@ -1,4 +1,5 @@
-"""Flow control that holds across every worker and host: pauses, concurrency and rate limits.
+"""Flow control that holds across every worker and host: pauses, concurrency (per kind
+and per key) and rate limits.
 
 Pause. A ``Pause`` row names a queue or a kind. ``transitions.claim`` reads the (tiny)
 table at the start of every claim and hands the names to the claim SQL as exclusions,
@@ -6,15 +7,17 @@ so paused jobs stay ``pending``, keep their place in line, and are leased again 
 first claim after ``resume``. A pause takes effect for claims that start after it
 commits; a job already leased finishes.
 
-Limits. A ``KindLimit`` row caps one kind: at most ``concurrency`` jobs leased at once
-and at most ``rate_limit`` starts per ``rate_period`` seconds. Limited kinds are left
-out of the main claim and claimed one kind at a time in their own short transaction:
+Limits. A ``KindLimit`` row caps one kind: at most ``concurrency`` jobs leased at once,
+at most ``per_key`` leased at once per ``Job.concurrency_key`` (see Per key below) and
+at most ``rate_limit`` starts per ``rate_period`` seconds. Limited kinds are left out
+of the main claim and claimed one kind at a time in their own short transaction:
 
 1. lock the kind's limit row (``SELECT ... FOR UPDATE SKIP LOCKED`` on PostgreSQL and
    MariaDB; SQLite's IMMEDIATE transaction already serialises writers);
-2. count the kind's leased jobs (the ``(state, kind, queue_name)`` index) and read the
-   rate window stored on the row;
+2. count the kind's leased jobs (the ``(state, kind, queue_name)`` index), per key too
+   with ``per_key``, and read the rate window stored on the row;
 3. claim at most the slots that are left, with the ordinary index-driven claim;
+   with ``per_key``, leaving out the keys that are at their limit (lease_within());
 4. add the starts to the window and commit, which releases the lock.
 
 Why a count under a lock and not a semaphore table of held slots: the leased rows
@@ -37,12 +40,30 @@ so a large unlimited backlog cannot starve them (they are bounded by their slots
 anyway). Within a batch, the global priority order therefore holds per group (each
 limited kind, then everything else), not across groups.
 
+Per key ("one job per customer at a time", as Oban Pro's partitioned limits and
+Sidekiq Enterprise's limiters offer). With ``per_key`` set, a job whose
+``concurrency_key`` already has ``per_key`` leased jobs of its kind waits; jobs of
+other keys lease past it, and jobs without a key are held only by ``concurrency``. It
+is the same rule as the kind's: a count of ``state='leased'`` rows, grouped by key,
+under the same row lock, so it holds across every worker and host and a dead worker's
+slot frees when its lease is recovered, with nothing to give back. The keys at their
+limit go to the claim as exclusions (``leasing.claim(exclude_keys=...)``), so the seek
+steps over their waiting jobs instead of taking and returning them. One claim must not
+take more than ``per_key`` of one key either: it leases in rounds, each asking for no
+more jobs than the key with the least room has left (any round might take them all
+from that key), counting what it took per key and excluding a key once it is full. At
+``per_key=1`` that is one job per round, one round trip each: a claim of a per-key
+kind costs as many statements as it leases jobs. The grouped count reads the kind's
+leased rows through the ``(state, kind, queue_name)`` index: no more than the kind has
+running, so ``concurrency_key`` needs no index of its own.
+
 The rate limit is a fixed window per kind: the row holds the window's start and its
 starts so far; a claim after ``window_start + rate_period`` opens a new window. Like
 every fixed window it can admit up to twice the rate across a window boundary over a
 period-long span; the count over whole windows is exact.
 """
 import random
+from collections import Counter
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -84,7 +105,7 @@ def claim_gates(using="default"):
         cursor.execute(
             f"SELECT scope, name FROM {Pause._meta.db_table}"
             f" UNION ALL SELECT 'limit', kind FROM {KindLimit._meta.db_table}"
-            " WHERE concurrency IS NOT NULL OR rate_limit IS NOT NULL"
+            " WHERE concurrency IS NOT NULL OR rate_limit IS NOT NULL OR per_key IS NOT NULL"
         )
         rows = cursor.fetchall()
     queues = frozenset(name for scope, name in rows if scope == PauseScope.QUEUE)
@@ -137,12 +158,17 @@ def _positive_int(value, field):
     return value
 
 
-def set_limit(kind, *, concurrency=_UNSET, rate_limit=_UNSET, rate_period=_UNSET, from_settings=False, using="default"):
+def set_limit(
+    kind, *, concurrency=_UNSET, per_key=_UNSET, rate_limit=_UNSET, rate_period=_UNSET, from_settings=False,
+    using="default",
+):
     """Create or change a kind's limits; None clears one. Return the KindLimit."""
     kind = validation.name(kind, "kind", KIND_MAX_LENGTH)
     changes = {"updated_at": timezone.now(), "from_settings": from_settings}
     if concurrency is not _UNSET:
         changes["concurrency"] = _positive_int(concurrency, "concurrency")
+    if per_key is not _UNSET:
+        changes["per_key"] = _positive_int(per_key, "per_key")
     if rate_limit is not _UNSET:
         changes["rate_limit"] = _positive_int(rate_limit, "rate_limit")
     if rate_period is not _UNSET:
@@ -169,12 +195,13 @@ def sync_limits(using="default"):
     """
     configured = settings.LIMITS or {}
     for kind, spec in configured.items():
-        unknown = set(spec) - {"concurrency", "rate_limit", "rate_period"}
+        unknown = set(spec) - {"concurrency", "per_key", "rate_limit", "rate_period"}
         if unknown:
             raise InvalidJob(f"LIMITS[{kind!r}]: unknown key(s) {sorted(unknown)}", "LIMITS")
         set_limit(
             kind,
             concurrency=spec.get("concurrency"),
+            per_key=spec.get("per_key"),
             rate_limit=spec.get("rate_limit"),
             rate_period=spec.get("rate_period", 60.0),
             from_settings=True,
@@ -189,7 +216,7 @@ def active_limits(using="default"):
     return {
         limit.kind: limit
         for limit in KindLimit.objects.using(using).all()
-        if limit.concurrency is not None or limit.rate_limit is not None
+        if limit.concurrency is not None or limit.rate_limit is not None or limit.per_key is not None
     }
 
 
@@ -226,6 +253,44 @@ def reserve(kind, want, now, *, using="default"):
     return row, max(0, free)
 
 
+def leased_per_key(kind, *, using="default"):
+    """Return {concurrency_key: leased jobs} for ``kind``'s leased jobs that have a key."""
+    connection = connections[using]
+    # SQLite plans from average selectivity: once ANALYZE has seen a table where most
+    # rows share one state, the (state, kind) index looks useless to it and it scans
+    # every job. Name the index, as leasing.py does for the level seeks.
+    hint = " INDEXED BY jq_job_state_kind_queue" if connection.vendor == "sqlite" else ""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT concurrency_key, COUNT(*) FROM {Job._meta.db_table}{hint}"
+            " WHERE state = %s AND kind = %s AND concurrency_key IS NOT NULL GROUP BY concurrency_key",
+            [State.LEASED.value, kind],
+        )
+        return Counter(dict(cursor.fetchall()))
+
+
+def lease_within(row, free, lease, *, using="default"):
+    """Lease up to ``free`` jobs of ``row``'s kind with ``lease(n, exclude_keys=...)``,
+    keeping every concurrency key within ``row.per_key``; return the jobs.
+
+    Runs under the reserve() lock, so the per-key counts read here stay true until the
+    claim commits (the module docstring says why rounds)."""
+    if row.per_key is None:
+        return lease(free)
+    held = leased_per_key(row.kind, using=using)
+    jobs = []
+    while len(jobs) < free:
+        full = {key for key, n in held.items() if n >= row.per_key}
+        room = [row.per_key - n for n in held.values() if n < row.per_key]
+        want = min(free - len(jobs), row.per_key, *room)
+        got = lease(want, exclude_keys=full)
+        jobs += got
+        held.update(job.concurrency_key for job in got if job.concurrency_key is not None)
+        if len(got) < want:
+            break  # nothing more is claimable now
+    return jobs
+
+
 def record_starts(row, started, now, *, using="default"):
     """Add ``started`` claims to the row's rate window (under the reserve() lock)."""
     if row.rate_limit is None or not started:
@@ -236,7 +301,8 @@ def record_starts(row, started, now, *, using="default"):
 
 
 def limit_status(using="default"):
-    """Return [(KindLimit, leased now, starts in the current window)] for display."""
+    """Return [(KindLimit, leased now, starts in the current window, keys at their
+    per_key limit now (None without per_key))] for display."""
     now = timezone.now()
     out = []
     for row in KindLimit.objects.using(using).all():
@@ -244,5 +310,8 @@ def limit_status(using="default"):
         in_window = 0
         if row.window_start is not None and now < row.window_start + timedelta(seconds=row.rate_period):
             in_window = row.window_count
-        out.append((row, leased, in_window))
+        full = None
+        if row.per_key is not None:
+            full = sum(1 for n in leased_per_key(row.kind, using=using).values() if n >= row.per_key)
+        out.append((row, leased, in_window, full))
     return out

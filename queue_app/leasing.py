@@ -38,10 +38,13 @@ claim), so the caller needs no second SELECT. On PostgreSQL the caller may pass
 ``log``, the select list of an event row per leased job: the claimed events are then
 inserted by the same statement (a data-modifying CTE), one round trip in all.
 
-Exclusions (paused queues and kinds, and kinds claimed separately under a limit; see
-flow.py) are extra conditions on the per-level seeks. The seek stays on the index, but
-it steps over excluded rows one by one: a level whose oldest ready jobs are mostly
-paused costs as many rows as are paused ahead of the first claimable one.
+Exclusions (paused queues and kinds, kinds claimed separately under a limit, and the
+concurrency keys of a per-key limited kind that are at their limit; see flow.py) are
+extra conditions on the per-level seeks. The seek stays on the index, but it steps
+over excluded rows one by one: a level whose oldest ready jobs are mostly paused costs
+as many rows as are paused ahead of the first claimable one. A key exclusion is written
+``(concurrency_key IS NULL OR NOT ...)``: ``NOT IN`` alone is NULL, not true, for a job
+without a key, and would leave every unkeyed job behind.
 """
 from datetime import timedelta
 
@@ -56,15 +59,17 @@ _US = timedelta(microseconds=1)
 
 def claim(
     connection, *, owner, limit, now, expires, queues=None, kinds=None, aging_us=0,
-    exclude_queues=None, exclude_kinds=None, log=None,
+    exclude_queues=None, exclude_kinds=None, exclude_keys=None, log=None,
 ):
     """Lease up to ``limit`` ready jobs to ``owner``; return their rows (rows.JOB_COLUMNS).
 
-    ``log`` (PostgreSQL only): (select list over the leased rows, params) of the event
-    to insert per leased job in the same statement; other vendors ignore it."""
+    ``exclude_keys`` leaves out jobs with those concurrency keys (jobs without a key are
+    never left out by it). ``log`` (PostgreSQL only): (select list over the leased rows,
+    params) of the event to insert per leased job in the same statement; other vendors
+    ignore it."""
     scan = max(2 * limit, limit + 16)
     vendor = connection.vendor
-    excl = (sorted(exclude_queues or ()), sorted(exclude_kinds or ()))
+    excl = (sorted(exclude_queues or ()), sorted(exclude_kinds or ()), sorted(exclude_keys or ()))
     if vendor == "postgresql":
         return _claim_postgresql(connection, owner, limit, scan, now, expires, queues, kinds, aging_us, excl, log)
     if vendor == "mysql":
@@ -76,6 +81,23 @@ def claim(
 
 def _adapt(connection, value):
     return connection.ops.adapt_datetimefield_value(value)
+
+
+# The columns claim()'s exclusions apply to, in the order of its ``excl`` tuple.
+_EXCLUDED = ("queue_name", "kind", "concurrency_key")
+
+
+def _excluding(ref, condition):
+    """``condition`` (NOT IN / NOT = ANY on the column ``ref``) as a seek filter. A job
+    without a concurrency key is never excluded by key: ``NOT IN`` is NULL, not true,
+    for a NULL key, so the key's filter lets NULL through explicitly."""
+    if ref.endswith("concurrency_key"):
+        return f"({ref} IS NULL OR {condition})"
+    return condition
+
+
+def _marks(values):
+    return ", ".join(["%s"] * len(values))
 
 
 # Shared by the vendors: what a claim writes to each leased row.
@@ -98,9 +120,9 @@ def _claim_postgresql(connection, owner, limit, scan, now, expires, queues, kind
     if kinds:
         kind_cond = "AND j.kind = ANY(%s::text[])"
         lateral_params.append(list(kinds))
-    for column, names in zip(("queue_name", "kind"), excl):
+    for column, names in zip(_EXCLUDED, excl):
         if names:
-            kind_cond += f" AND NOT (j.{column} = ANY(%s::text[]))"
+            kind_cond += f" AND {_excluding(f'j.{column}', f'NOT (j.{column} = ANY(%s::text[]))')}"
             lateral_params.append(names)
     lateral_params.append(scan)
     if aging_us:
@@ -199,9 +221,9 @@ def _claim_mysql(connection, owner, limit, scan, now, expires, queues, kinds, ag
                 if kinds:
                     cond += f" AND kind IN ({', '.join(['%s'] * len(kinds))})"
                     p.extend(kinds)
-                for column, names in zip(("queue_name", "kind"), excl):
+                for column, names in zip(_EXCLUDED, excl):
                     if names:
-                        cond += f" AND {column} NOT IN ({', '.join(['%s'] * len(names))})"
+                        cond += f" AND {_excluding(column, f'{column} NOT IN ({_marks(names)})')}"
                         p.extend(names)
                 parts.append(
                     f"(SELECT id, priority, run_at, created_at FROM {TABLE} WHERE {cond}"
@@ -267,9 +289,9 @@ def _claim_sqlite(connection, owner, limit, scan, now, expires, queues, kinds, a
     if kinds:
         kind_cond = f"AND k.kind IN ({', '.join(['%s'] * len(kinds))})"
         inner.extend(kinds)
-    for column, names in zip(("queue_name", "kind"), excl):
+    for column, names in zip(_EXCLUDED, excl):
         if names:
-            kind_cond += f" AND k.{column} NOT IN ({', '.join(['%s'] * len(names))})"
+            kind_cond += f" AND {_excluding(f'k.{column}', f'k.{column} NOT IN ({_marks(names)})')}"
             inner.extend(names)
     inner.append(scan)
     if aging_us:

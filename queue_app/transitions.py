@@ -27,6 +27,7 @@ job and appends exactly one Event row. Nothing else writes Job.state, Event or D
 import json
 import logging
 from datetime import timedelta
+from functools import partial
 from itertools import chain
 
 from django.db import IntegrityError, connections, router, transaction
@@ -348,7 +349,7 @@ def claim(worker_id, *, limit=1, queues=None, kinds=None, lease_seconds=None, ag
         with transaction.atomic(using=db, savepoint=False):
             row, free = flow.reserve(kind, limit - len(jobs), now, using=db)
             if free:
-                got = lease(free, kinds=[kind])
+                got = flow.lease_within(row, free, partial(lease, kinds=[kind]), using=db)
                 flow.record_starts(row, len(got), now, using=db)
                 jobs += got
     excluded = pauses.kinds | set(limits)

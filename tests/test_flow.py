@@ -1,10 +1,11 @@
-"""Pauses, concurrency limits and rate limits at claim time (flow.py), one process."""
+"""Pauses, concurrency limits (per kind and per key) and rate limits at claim time (flow.py), one process."""
 from datetime import timedelta
 
 import pytest
+from django.db import connection, transaction
 from django.utils import timezone
 
-from queue_app import flow, transitions
+from queue_app import flow, leasing, transitions
 from queue_app.exceptions import InvalidJob
 from queue_app.models import Job, KindLimit, Pause, State
 from tests.factories import JobFactory
@@ -136,3 +137,112 @@ def test_limits_from_settings_are_synced_and_dropped_when_removed(settings):
     settings.JOBQUEUE = {**settings.JOBQUEUE, "LIMITS": {"echo": {"concurrency": 4}}}
     flow.sync_limits()
     assert {(r.kind, r.concurrency) for r in KindLimit.objects.all()} == {("echo", 4), ("manual", 3)}
+
+
+# --- per-key limits -----------------------------------------------------------------------
+
+
+def claimed_keys(jobs):
+    return sorted((job.concurrency_key or "-") for job in jobs)
+
+
+def test_keys_at_their_limit_wait_while_other_keys_and_unkeyed_jobs_lease():
+    flow.set_limit("echo", per_key=1)
+    JobFactory(kind="echo", concurrency_key="a", leased=True)
+    JobFactory(kind="echo", concurrency_key="b", leased=True)
+    for key in ("a", "b", "c", None, None):
+        JobFactory(kind="echo", concurrency_key=key)
+    jobs = transitions.claim("w1", limit=10)
+    assert claimed_keys(jobs) == ["-", "-", "c"]
+    assert sorted(Job.objects.filter(state=State.PENDING).values_list("concurrency_key", flat=True)) == ["a", "b"]
+
+
+def test_jobs_without_a_key_are_not_held_by_per_key():
+    flow.set_limit("echo", per_key=1)
+    JobFactory.create_batch(5, kind="echo")
+    assert len(transitions.claim("w1", limit=10)) == 5
+
+
+def test_a_batch_claim_never_takes_more_than_per_key_of_one_key():
+    flow.set_limit("echo", per_key=2)
+    JobFactory(kind="echo", concurrency_key="a", leased=True)
+    # Key a is first in line (highest priority): a batch must stop at its limit and
+    # take the next best jobs of other keys instead.
+    JobFactory.create_batch(4, kind="echo", concurrency_key="a", priority=10)
+    JobFactory.create_batch(4, kind="echo", concurrency_key="b", priority=5)
+    JobFactory.create_batch(4, kind="echo", concurrency_key="c")
+    jobs = transitions.claim("w1", limit=10)
+    assert claimed_keys(jobs) == ["a", "b", "b", "c", "c"]
+    assert [j.priority for j in jobs] == [10, 5, 5, 0, 0]
+    assert transitions.claim("w2", limit=10) == []
+
+
+def test_per_key_and_concurrency_hold_together():
+    flow.set_limit("echo", concurrency=3, per_key=1)
+    for key in "abcd":
+        JobFactory.create_batch(3, kind="echo", concurrency_key=key)
+    jobs = transitions.claim("w1", limit=10)
+    assert len(jobs) == 3 and len(set(claimed_keys(jobs))) == 3
+    assert transitions.claim("w2", limit=10) == []
+
+
+def test_a_keys_slot_frees_when_its_job_completes_or_its_lease_is_recovered():
+    flow.set_limit("echo", per_key=1)
+    lost = JobFactory(kind="echo", concurrency_key="a", expired=True)
+    JobFactory.create_batch(2, kind="echo", concurrency_key="a")
+    assert transitions.claim("w1", limit=5) == []
+    transitions.recover()
+    [job] = transitions.claim("w1", limit=5)
+    assert job.concurrency_key == "a" and job.id != lost.id
+    assert transitions.claim("w1", limit=5) == []
+    transitions.complete(job.id, worker_id="w1", attempt=job.attempts)
+    assert claimed_keys(transitions.claim("w1", limit=5)) == ["a"]
+
+
+def test_reserve_locks_the_row_and_leased_per_key_counts_only_keyed_leased_jobs():
+    flow.set_limit("echo", per_key=2)
+    JobFactory.create_batch(2, kind="echo", concurrency_key="a", leased=True)
+    JobFactory(kind="echo", concurrency_key="b", leased=True)
+    JobFactory(kind="echo", leased=True)
+    JobFactory(kind="echo", concurrency_key="c")
+    JobFactory(kind="add", concurrency_key="a", leased=True)
+    with transaction.atomic():
+        row, free = flow.reserve("echo", 10, timezone.now())
+    assert (row.per_key, free) == (2, 10)
+    assert flow.leased_per_key("echo") == {"a": 2, "b": 1}
+
+
+def test_exclude_keys_never_leaves_out_jobs_without_a_key():
+    JobFactory(kind="echo", concurrency_key="a")
+    JobFactory(kind="echo", concurrency_key="b")
+    unkeyed = JobFactory(kind="echo")
+    now = timezone.now()
+    with transaction.atomic():
+        rows = leasing.claim(
+            connection, owner="w1", limit=10, now=now, expires=now + timedelta(seconds=30), exclude_keys=["a"]
+        )
+    leased = Job.objects.filter(state=State.LEASED)
+    assert len(rows) == 2 and sorted(j.concurrency_key or "-" for j in leased) == ["-", "b"]
+    assert leased.filter(id=unkeyed.id).exists()
+
+
+def test_a_kind_with_only_per_key_set_is_a_limited_kind():
+    flow.set_limit("echo", per_key=1)
+    flow.set_limit("add", rate_period=30)
+    assert flow.claim_gates()[1] == {"echo"}
+    assert set(flow.active_limits()) == {"echo"}
+    flow.set_limit("echo", per_key=None)
+    assert flow.claim_gates()[1] == set()
+
+
+@pytest.mark.parametrize("value", [0, -1, "1", 1.5, True])
+def test_a_bad_per_key_is_refused_and_nothing_is_written(value):
+    with pytest.raises(InvalidJob, match="per_key"):
+        flow.set_limit("echo", per_key=value)
+    assert not KindLimit.objects.exists()
+
+
+def test_per_key_from_settings_is_synced(settings):
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "LIMITS": {"echo": {"per_key": 1, "concurrency": 4}}}
+    flow.sync_limits()
+    assert KindLimit.objects.values_list("kind", "concurrency", "per_key").get() == ("echo", 4, 1)

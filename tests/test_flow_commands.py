@@ -44,9 +44,23 @@ def test_limits_set_show_and_clear():
     assert "cleared echo" in run("limits", "echo", "--clear")
 
 
+def test_limits_set_show_and_clear_a_per_key_limit():
+    JobFactory(kind="sync", concurrency_key="a", leased=True)
+    JobFactory(kind="sync", concurrency_key="b", leased=True)
+    JobFactory(kind="sync", concurrency_key="b", leased=True)
+    out = run("limits", "sync", "--per-key", "2")
+    assert KindLimit.objects.get().per_key == 2
+    assert "3 leased (no cap)" in out and "2 per key (1 at limit)" in out
+    run("limits", "sync", "--per-key", "off")
+    assert KindLimit.objects.get().per_key is None
+    assert "no per-key cap" in run("limits")
+
+
 def test_limits_refuse_bad_values_and_write_nothing():
     with pytest.raises(CommandError):
         run("limits", "echo", "--rate", "-2")
-    with pytest.raises(CommandError, match="give --concurrency"):
+    with pytest.raises(CommandError, match="give --concurrency, --per-key"):
         run("limits", "echo")
+    with pytest.raises(CommandError, match="per_key must be a positive integer"):
+        run("limits", "echo", "--per-key", "-1")
     assert not KindLimit.objects.exists()

@@ -1,6 +1,7 @@
 """Limits and pauses hold across real processes sharing one database."""
 import threading
 import time
+from collections import Counter
 
 import pytest
 from django.db import connections
@@ -52,6 +53,45 @@ def test_four_worker_processes_never_hold_more_than_the_limit_of_two():
     assert Job.objects.filter(state=State.COMPLETED).count() == 24
     assert sampler.samples > 20
     assert sampler.peak <= 2
+
+
+class KeySampler(Sampler):
+    """Also record, per sample, how many jobs of each concurrency key are leased."""
+
+    def __init__(self, kind):
+        super().__init__(kind)
+        self.peak_per_key, self.most_keys_at_once = 0, 0
+
+    def _run(self):
+        try:
+            while not self.stop.is_set():
+                held = Counter(
+                    Job.objects.filter(kind=self.kind, state=State.LEASED).values_list("concurrency_key", flat=True)
+                )
+                self.peak_per_key = max(self.peak_per_key, *held.values(), 0)
+                self.most_keys_at_once = max(self.most_keys_at_once, len(held))
+                self.samples += 1
+                time.sleep(0.005)
+        finally:
+            connections.close_all()
+
+
+def test_four_worker_processes_run_one_job_per_key_at_a_time_and_different_keys_at_once():
+    flow.set_limit("sleepy", per_key=1)
+    bulk_enqueue([
+        {"kind": "sleepy", "payload": {"seconds": 0.3}, "concurrency_key": f"customer:{key}"}
+        for _ in range(6) for key in range(3)
+    ])
+    # Batches of 2: one claim must not take two jobs of one key either.
+    proc = worker_support.start_worker(concurrency=4, max_jobs=18, batch=2, poll=0.01)
+    with KeySampler("sleepy") as sampler:
+        code = worker_support.join(proc, 60)
+    assert code == 0
+    assert Job.objects.filter(state=State.COMPLETED).count() == 18
+    assert sampler.samples > 20
+    assert sampler.peak_per_key == 1
+    # The limit is per key, not per kind: the keys ran side by side.
+    assert sampler.most_keys_at_once >= 2
 
 
 def _claim_for(worker_id, seconds):

@@ -9,7 +9,7 @@ import pytest
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
-from queue_app import bulk_enqueue, enqueue, transitions
+from queue_app import bulk_enqueue, enqueue, flow, transitions
 from queue_app.models import Event, Job, State
 
 APP = Path(__file__).resolve().parent.parent / "queue_app"
@@ -131,6 +131,46 @@ def test_the_claim_seeks_indexes_and_never_scans_the_job_table():
             scans = [line for line in plans if re.match(r"SCAN (queue_app_job|j|k|k2)\b", line) and "USING" not in line]
             assert scans == [], text
             assert "jq_ready" in text, text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_per_key_claim_seeks_indexes_and_never_scans_the_job_table():
+    now = timezone.now()
+    flow.set_limit("echo", per_key=1)
+    bulk_enqueue(
+        [{"kind": "echo", "priority": (i % 5) * 10 - 20, "concurrency_key": f"k{i % 40}"} for i in range(6000)]
+    )
+    with connection.cursor() as cursor:
+        cursor.execute({"postgresql": "ANALYZE queue_app_job", "mysql": "ANALYZE TABLE queue_app_job"}.get(connection.vendor, "ANALYZE"))
+        if connection.vendor == "mysql":
+            cursor.fetchall()
+    # Keys already at their limit: the claim below counts them and excludes them.
+    assert len(transitions.claim("w0", limit=10, now=now + timedelta(seconds=1))) == 10
+    captured = []
+
+    def capture(execute, sql, params, many, context):
+        if "queue_app_job" in sql:
+            captured.append((sql, params))
+        return execute(sql, params, many, context)
+
+    with transaction.atomic():
+        with connection.execute_wrapper(capture):
+            jobs = transitions.claim("w", limit=10, aging=30, now=now + timedelta(seconds=1))
+        assert len({j.concurrency_key for j in jobs}) == len(jobs) == 10
+        plans = _plans(captured)
+        transaction.set_rollback(True)
+    assert any("GROUP BY" in sql for sql, _ in captured), "the per-key count was not captured"
+    text = "\n".join(plans)
+    if connection.vendor == "postgresql":
+        assert "Seq Scan on queue_app_job" not in text, text
+        assert "jq_job_state_kind_queue" in text and "jq_ready" in text, text
+    elif connection.vendor == "mysql":
+        assert "'type': 'ALL'" not in text, text
+        assert "jq_job_state_kind_queue" in text and "jq_ready" in text, text
+    else:
+        scans = [line for line in plans if re.match(r"SCAN (queue_app_job|j|k|k2)\b", line) and "USING" not in line]
+        assert scans == [], text
+        assert "jq_job_state_kind_queue" in text and "jq_ready" in text, text
 
 
 @pytest.mark.django_db
