@@ -402,13 +402,13 @@ class PauseAdmin(admin.ModelAdmin):
 class KindLimitForm(_ValidatedForm):
     class Meta:
         model = KindLimit
-        fields = ["kind", "concurrency", "rate_limit", "rate_period"]
+        fields = ["kind", "concurrency", "per_key", "rate_limit", "rate_period"]
 
     def clean(self):
         data = super().clean()
         if data.get("kind"):
             self._check(validation.name, data["kind"], "kind", 200)
-        if data.get("concurrency") == 0 or data.get("rate_limit") == 0:
+        if 0 in (data.get("concurrency"), data.get("per_key"), data.get("rate_limit")):
             raise forms.ValidationError("a limit of 0 would stop the kind for good: pause it instead")
         if data.get("rate_period") is not None:
             self._check(validation.seconds, data["rate_period"], "rate_period", maximum=366 * 86400)
@@ -418,7 +418,10 @@ class KindLimitForm(_ValidatedForm):
 @admin.register(KindLimit)
 class KindLimitAdmin(admin.ModelAdmin):
     form = KindLimitForm
-    list_display = ["kind", "concurrency", "leased_now", "rate_limit", "rate_period", "from_settings", "updated_at"]
+    list_display = [
+        "kind", "concurrency", "leased_now", "per_key", "rate_limit", "rate_period", "from_settings",
+        "updated_at",
+    ]
 
     @admin.display(description="leased now")
     def leased_now(self, obj):

@@ -27,6 +27,14 @@ def test_the_admin_edits_a_limit_at_runtime(admin_client):
     assert zero.status_code == 200 and not KindLimit.objects.filter(kind="add").exists()
 
 
+def test_the_admin_sets_a_per_key_limit_and_refuses_zero(admin_client):
+    resp = admin_client.post("/admin/queue_app/kindlimit/add/", {"kind": "sync", "per_key": 1, "rate_period": 60})
+    assert resp.status_code == 302 and KindLimit.objects.get().per_key == 1
+    zero = admin_client.post("/admin/queue_app/kindlimit/add/", {"kind": "add", "per_key": 0, "rate_period": 60})
+    assert zero.status_code == 200 and not KindLimit.objects.filter(kind="add").exists()
+    assert b"per key" in admin_client.get("/admin/queue_app/kindlimit/").content.lower()
+
+
 def test_the_dashboard_shows_what_is_paused(admin_client):
     JobFactory.create_batch(3, queue_name="mail")
     assert b"data-paused" not in admin_client.get("/dashboard/").content
