@@ -152,7 +152,9 @@ def test_with_options_gives_any_task_our_options():
         (lambda: tasks.add.using(concurrency_key=42), "concurrency_key must be a non-empty string"),
         (lambda: with_options(tasks.noop, concurrency_key=""), "concurrency_key must be a non-empty string"),
         (lambda: tasks.add.using(run_after=datetime(2030, 1, 1)), "run_after must be an aware datetime"),
-        (lambda: QueueTask(func=tasks.add.func, takes_context=True), "first argument of 'context'"),
+        # Every field spelled out: Django 6.0's Task has no defaults for them.
+        (lambda: QueueTask(func=tasks.add.func, takes_context=True, priority=0, backend="default",
+                           queue_name="default", run_after=None), "first argument of 'context'"),
     ],
 )
 def test_validate_task_refuses_what_the_queue_cannot_run(make, message):
