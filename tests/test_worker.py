@@ -351,28 +351,16 @@ def test_expired_leases_are_recovered_when_a_worker_starts():
     assert events(job)[-3:] == [EventType.RECOVERED, EventType.CLAIMED, EventType.COMPLETED]
 
 
-@pytest.mark.skipif("connection.vendor != 'postgresql'")
-def test_idle_worker_on_postgresql_wakes_on_notify_long_before_its_poll():
+def test_idle_worker_wakes_on_an_enqueue_long_before_its_poll():
+    """PostgreSQL: LISTEN/NOTIFY; SQLite: PRAGMA data_version; MariaDB: the newest event
+    id (wakeup.py). Without them the job would wait for the 30 s poll."""
     proc = start_worker(poll=30)
     try:
         wait_for(lambda: Worker.objects.filter(state=WorkerState.RUNNING).exists(), what="the worker")
-        wait_for(_listening, what="the worker's child to LISTEN")
-        job = enqueue("echo", {"n": 1})
-        wait_for(lambda: Job.objects.filter(id=job.id, state=State.COMPLETED).exists(), timeout=5,
-                 what="the job to complete without waiting for the 30s poll")
-    finally:
-        code = stop(proc, within=10)
-    assert code == 0
-
-
-@pytest.mark.skipif("connection.vendor == 'postgresql'")
-def test_idle_worker_on_sqlite_and_mariadb_wakes_on_an_enqueue_long_before_its_poll():
-    """SQLite: PRAGMA data_version; MariaDB: the newest event id (wakeup.py)."""
-    proc = start_worker(poll=30)
-    try:
-        wait_for(lambda: Worker.objects.filter(state=WorkerState.RUNNING).exists(), what="the worker")
-        # Past its first (empty) claim and into the 30 s wait.
-        time.sleep(1.5)
+        if connection.vendor == "postgresql":
+            wait_for(_listening, what="the worker's child to LISTEN")
+        else:
+            time.sleep(1.5)  # past its first (empty) claim and into the 30 s wait
         job = enqueue("echo", {"n": 1})
         wait_for(lambda: Job.objects.filter(id=job.id, state=State.COMPLETED).exists(), timeout=5,
                  what="the job to complete without waiting for the 30s poll")
