@@ -9,8 +9,9 @@ from django.utils import timezone
 
 from queue_app import scheduling
 from queue_app.exceptions import InvalidJob
-from queue_app.models import Job, Schedule
+from queue_app.models import Event, EventType, Job, Schedule
 from tests.conftest import run_processes
+from tests.worker_support import lease_settings, start_worker, stop
 
 T0 = datetime(2026, 3, 2, 12, 0, 0, tzinfo=UTC)
 
@@ -154,3 +155,25 @@ def test_four_processes_ticking_a_per_second_schedule_enqueue_each_second_once()
     assert len(ticks) == len(set(ticks)) >= 2
     # Consecutive seconds, none skipped and none twice.
     assert [int((t - ticks[0]).total_seconds()) for t in ticks] == list(range(len(ticks)))
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_three_real_workers_for_ten_seconds_enqueue_each_tick_of_a_per_second_schedule_once(settings):
+    """The issue's figure: a schedule every second, 3 workers, 10 s. Every supervisor
+    ticks it (several times a second here); each second's tick lands once, none skipped."""
+    settings.JOBQUEUE = lease_settings(SCHEDULE_INTERVAL=0.2)
+    start = timezone.now()
+    make(cron="* * * * * *", created_at=start)
+    workers = [start_worker(concurrency=1) for _ in range(3)]
+    try:
+        time.sleep(10)
+    finally:
+        codes = [stop(proc, within=30) for proc in workers]
+    assert codes == [0, 0, 0]
+    ticks = [datetime.fromisoformat(k.split(":", 2)[2]) for k in keys()]
+    assert len(ticks) >= 8, ticks
+    assert [int((t - ticks[0]).total_seconds()) for t in ticks] == list(range(len(ticks)))
+    # One enqueue per tick: no tick's job was written and then refused or replaced.
+    assert Job.objects.filter(kind="echo").count() == len(ticks)
+    assert Event.objects.filter(type=EventType.ENQUEUED).count() == len(ticks)
