@@ -36,6 +36,9 @@ DEFAULTS = {
     "BULK_BATCH_SIZE": 500,
     # kind -> "dotted.path.to.callable", merged into the handler registry at start-up.
     "HANDLERS": {},
+    # Fault injection (faults.py): kind -> FaultPlan options, e.g. {"email": {"seed": 7,
+    # "error": 0.1, "delay": [0.05, 0.2]}}; wraps that kind's handler at start-up.
+    "FAULTS": {},
     # A kind nobody registered may name a django.tasks Task (``myapp.tasks.send``); only
     # modules inside these packages are imported to find one. None means the packages of
     # INSTALLED_APPS plus the project's (of the settings module and ROOT_URLCONF).
@@ -57,6 +60,13 @@ DEFAULTS = {
     "WORKER_BATCH": 10,
     # Queues a worker serves when not told; "*" is all of them.
     "WORKER_QUEUES": ["*"],
+    # Kinds a worker runs when not told (`runworker --kind`); empty is every kind.
+    "WORKER_KINDS": [],
+    # A worker exits (gracefully) after this many jobs / seconds; None means never.
+    "WORKER_MAX_JOBS": None,
+    "WORKER_MAX_RUNTIME": None,
+    # True: a worker runs the ready jobs, then exits (`runworker --burst`).
+    "WORKER_BURST": False,
     # Seconds an idle worker waits before looking again (PostgreSQL also wakes on NOTIFY).
     "POLL_INTERVAL": 1.0,
     # Seconds between lease renewals and registry heartbeats; None means LEASE_SECONDS / 3.

@@ -123,3 +123,6 @@ def _declares_job(func):
 def load_configured_handlers():
     for kind, path in (settings.HANDLERS or {}).items():
         register(kind, import_string(path) if isinstance(path, str) else path)
+    from queue_app import faults  # imports the models: not at module level
+
+    faults.configure()
