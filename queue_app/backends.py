@@ -14,14 +14,21 @@
 
 A task's job has kind = the task's module path and payload = {"args": [...],
 "kwargs": {...}}; priority, queue_name and run_after (-> run_at) carry over. Our extras
-(max_attempts, timeout, idempotency_key, concurrency_key, backoff) are task options:
-``@task(max_attempts=5)`` on Django 6.1, ``.using(idempotency_key=...)`` or
+(max_attempts, timeout, idempotency_key, unique_for, concurrency_key, backoff,
+on_success, on_failure, webhook_url) are task options: ``@task(max_attempts=5)`` on
+Django 6.1, ``.using(idempotency_key=..., unique_for=3600)`` or
 ``.using(concurrency_key="customer:42")`` per call, or ``with_options(task, ...)`` on
 Django 6.0, whose ``@task`` does not pass extra keyword arguments on.
 
 ``backoff`` is a retry base (``backoff=3``: 3, 9, 27... seconds) or a dict with any of
 ``base``, ``max`` (seconds) and ``jitter``; it sets the task's ``backoff_base``,
 ``backoff_max`` and ``backoff_jitter``, which may also be given one by one.
+
+``on_success`` / ``on_failure`` name the follow-up job chaining.py enqueues when the
+job completes / is dead-lettered: another Task (run with no arguments, at its own
+priority and queue, with its own options; a ``parent`` parameter, if it has one,
+receives the parent's outcome) or a job template dict ``{"kind": ..., "payload": {...},
+...options}`` as enqueue() takes it.
 """
 from dataclasses import InitVar, dataclass, fields, replace
 
@@ -34,16 +41,24 @@ from django.tasks import DEFAULT_TASK_QUEUE_NAME, Task
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
+from django.utils import timezone
 from django.utils.json import normalize_json
 
-from queue_app import enqueueing, registry, task_results, validation
+from queue_app import enqueueing, registry, task_results, validation, webhooks
 from queue_app.conf import settings
 from queue_app.exceptions import InvalidJob, UnknownKind
 from queue_app.models import KIND_MAX_LENGTH, QUEUE_NAME_MAX_LENGTH, Job
 
 OPTION_NAMES = ("database", "max_attempts", "timeout", "backoff")
 BACKOFF_FIELDS = ("backoff_base", "backoff_max", "backoff_jitter")
-EXTRA_FIELDS = ("max_attempts", "timeout", "idempotency_key", "concurrency_key", *BACKOFF_FIELDS)
+FOLLOW_UP_FIELDS = ("on_success", "on_failure")
+EXTRA_FIELDS = (
+    "max_attempts", "timeout", "idempotency_key", "unique_for", "concurrency_key",
+    *FOLLOW_UP_FIELDS, "webhook_url", *BACKOFF_FIELDS,
+)
+# A follow-up Task's own options that go into its template (not idempotency_key: one
+# key would make every follow-up after the first return the first; not unique_for).
+TEMPLATE_OPTIONS = ("max_attempts", "timeout", "concurrency_key", "webhook_url", *BACKOFF_FIELDS)
 # The keys a backoff dict may hold, and the job field each one sets.
 BACKOFF_KEYS = {"base": "backoff_base", "max": "backoff_max", "jitter": "backoff_jitter"}
 
@@ -63,6 +78,38 @@ def backoff_fields(backoff):
     return {"backoff_base": backoff}
 
 
+def follow_up(value, field):
+    """``value`` (a Task, a job template dict or None) as the template chaining.py
+    enqueues; values are checked later, by validate_task."""
+    if value is None or isinstance(value, dict):
+        return value
+    if not isinstance(value, Task):
+        raise InvalidTask(
+            f"{field} must be a Task or a job template dict "
+            f'({{"kind": ..., "payload": {{...}}, ...options}}), got {value!r}'
+        )
+    template = {
+        "kind": value.module_path,
+        "payload": {"args": [], "kwargs": {}},
+        "queue_name": value.queue_name,
+        "priority": value.priority,
+    }
+    try:
+        for name in TEMPLATE_OPTIONS:
+            option = getattr(value, name, None)
+            if option is not None:
+                # A template is JSON until the parent finishes: durations as seconds.
+                template[name] = validation.seconds(option, name, maximum=float("inf")) if name in (
+                    "timeout", "backoff_max") else option
+    except InvalidJob as exc:
+        raise InvalidTask(f"{field}: {exc}") from None
+    for name in FOLLOW_UP_FIELDS:
+        nested = getattr(value, name, None)
+        if nested is not None:
+            template[name] = follow_up(nested, f"{field}.{name}")
+    return template
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class QueueTask(Task):
     """A django.tasks Task that also carries the queue's own job options."""
@@ -73,6 +120,9 @@ class QueueTask(Task):
     timeout: float | None = None
     # Enqueueing a key that a live job holds returns that job instead of a new one.
     idempotency_key: str | None = None
+    # With an idempotency_key: the key dedupes only this long (seconds or a timedelta);
+    # after that an enqueue inserts a new job. Not stored on the job.
+    unique_for: float | None = None
     # With the task's per_key limit (flow.py), jobs sharing this key run at most per_key at a time.
     concurrency_key: str | None = None
     # Retry backoff (base ** attempt seconds, capped, jittered); None: OPTIONS["backoff"]
@@ -80,6 +130,12 @@ class QueueTask(Task):
     backoff_base: float | None = None
     backoff_max: float | None = None
     backoff_jitter: bool | None = None
+    # The follow-up enqueued when the job completes / is dead-lettered: a Task or a job
+    # template dict (see the module docstring).
+    on_success: Task | dict | None = None
+    on_failure: Task | dict | None = None
+    # Gets a signed POST when the job ends (webhooks.py; WEBHOOK_ALLOWED_HOSTS).
+    webhook_url: str | None = None
     # ``@task(backoff=3)`` or ``backoff={"base": 3, "max": 600}``: sets the three above.
     backoff: InitVar[float | dict | None] = None
 
@@ -98,7 +154,11 @@ class QueueTask(Task):
         max_attempts=None,
         timeout=None,
         idempotency_key=None,
+        unique_for=None,
         concurrency_key=None,
+        on_success=None,
+        on_failure=None,
+        webhook_url=None,
         backoff=None,
         backoff_base=None,
         backoff_max=None,
@@ -111,7 +171,8 @@ class QueueTask(Task):
         )
         extras = {
             "max_attempts": max_attempts, "timeout": timeout, "idempotency_key": idempotency_key,
-            "concurrency_key": concurrency_key,
+            "unique_for": unique_for, "concurrency_key": concurrency_key, "on_success": on_success,
+            "on_failure": on_failure, "webhook_url": webhook_url,
             **backoff_fields(backoff),
             **{
                 name: value
@@ -125,7 +186,8 @@ class QueueTask(Task):
 
 def with_options(task, **options):
     """Return a copy of ``task`` carrying our job options (max_attempts, timeout,
-    idempotency_key, concurrency_key, backoff or backoff_base/backoff_max/backoff_jitter).
+    idempotency_key, unique_for, concurrency_key, on_success, on_failure, webhook_url,
+    backoff or backoff_base/backoff_max/backoff_jitter).
 
     For Django 6.0, whose ``@task`` does not pass extra keywords to the backend, and for
     tasks created by another backend's ``task_class``.
@@ -193,7 +255,19 @@ class DatabaseBackend(BaseTaskBackend):
             if getattr(task, "timeout", None) is not None:
                 validation.seconds(task.timeout, "timeout", maximum=settings.MAX_TIMEOUT_SECONDS)
             validation.idempotency_key(getattr(task, "idempotency_key", None))
+            if getattr(task, "unique_for", None) is not None:
+                # Whether a key goes with it is checked at enqueue: @task(unique_for=...)
+                # with .using(idempotency_key=...) per call is the usual way to give both.
+                validation.seconds(
+                    task.unique_for, "unique_for", maximum=validation.MAX_SCHEDULE_AHEAD.total_seconds()
+                )
             validation.concurrency_key(getattr(task, "concurrency_key", None))
+            now = timezone.now()
+            for field in FOLLOW_UP_FIELDS:
+                validation.template(follow_up(getattr(task, field, None), field), field, now)
+            if getattr(task, "webhook_url", None) is not None:
+                webhooks.check_url(validation.text(task.webhook_url, "webhook_url")
+                                   if isinstance(task.webhook_url, str) else task.webhook_url)
             validation.backoff_base(getattr(task, "backoff_base", None))
             validation.backoff_max(getattr(task, "backoff_max", None))
             validation.backoff_jitter(getattr(task, "backoff_jitter", None))
@@ -214,7 +288,10 @@ class DatabaseBackend(BaseTaskBackend):
             "max_attempts": pick("max_attempts"),
             "timeout": pick("timeout"),
             "idempotency_key": getattr(task, "idempotency_key", None),
+            "unique_for": getattr(task, "unique_for", None),
             "concurrency_key": getattr(task, "concurrency_key", None),
+            **{field: follow_up(getattr(task, field, None), field) for field in FOLLOW_UP_FIELDS},
+            "webhook_url": getattr(task, "webhook_url", None),
             **{name: pick(name) for name in BACKOFF_FIELDS},
         }
 

@@ -6,6 +6,7 @@ attempt (a ``released`` one gives it back), each ``failed``, ``dead_lettered`` o
 spans operator requeues, so ``attempt`` keeps counting after one.
 """
 import builtins
+import inspect
 import logging
 from dataclasses import replace
 
@@ -57,9 +58,13 @@ def task_error(error):
 
 
 def arguments(job):
-    """The (args, kwargs) a Task job's payload holds."""
+    """The (args, kwargs) a Task job's payload holds.
+
+    A follow-up job (chaining.py) also holds its parent's outcome under ``parent``:
+    run() hands it to a task that takes a ``parent`` argument.
+    """
     payload = job.payload
-    if not isinstance(payload, dict) or not set(payload) <= {"args", "kwargs"}:
+    if not isinstance(payload, dict) or not set(payload) <= {"args", "kwargs", "parent"}:
         raise TypeError(
             f'job {job.id}: a task payload is {{"args": [...], "kwargs": {{...}}}}, got {payload!r}'
         )
@@ -180,6 +185,8 @@ def run(job, task):
     task started, for finished() to know.
     """
     args, kwargs = arguments(job)
+    if "parent" in job.payload and "parent" not in kwargs and _takes_parent(task):
+        kwargs = {**kwargs, "parent": job.payload["parent"]}
     alias, sender = _backend_for(task, _db(job))
     result = from_job(job, task, alias)
     task_started.send(sender=sender, task_result=result)
@@ -194,6 +201,13 @@ def run(job, task):
     except (TypeError, ValueError, InvalidJob):
         # Handed back as it is: recording it fails, and execute() dead-letters the job.
         return value
+
+
+def _takes_parent(task):
+    try:
+        return "parent" in inspect.signature(task.func).parameters
+    except (TypeError, ValueError):  # no signature to read
+        return False
 
 
 def finished(job, *, state=None, using=None):

@@ -112,3 +112,18 @@ def crashes():
     import os
 
     os._exit(13)
+
+
+@task
+def after(tag="after", parent=None):
+    """A follow-up: says what its parent (chaining.py's payload["parent"]) ended as."""
+    return {"tag": tag, "parent": parent and {k: parent[k] for k in ("id", "kind", "state", "result")},
+            "error": parent and (parent["error"] or {}).get("type")}
+
+
+@options_task(on_success=after, on_failure={"kind": "tests.tasks.after",
+                                             "payload": {"args": ["failed"], "kwargs": {}}})
+def double_then_after(x):
+    if x < 0:
+        raise TaskBoom("negative")
+    return 2 * x

@@ -494,3 +494,81 @@ def test_a_bad_backend_backoff_is_refused_at_enqueue_and_nothing_is_written(sett
 def test_checks_report_a_bad_backend_backoff(options):
     assert "queue_app.E007" in check_ids({"OPTIONS": options})
     assert check_ids({"OPTIONS": {"backoff": {"base": 3, "max": 60, "jitter": True}}}) == []
+
+
+# --- the core's other options as task options: unique_for, on_success/on_failure, webhook_url ------
+
+
+@pytest.mark.django_db
+def test_unique_for_dedupes_a_tasks_key_only_within_its_window():
+    first = tasks.add.using(idempotency_key="sum:2", unique_for=60).enqueue(1, 2)
+    assert tasks.add.using(idempotency_key="sum:2", unique_for=timedelta(minutes=1)).enqueue(1, 2).id == first.id
+    Job.objects.filter(id=int(first.id)).update(created_at=timezone.now() - timedelta(seconds=61))
+    later = tasks.add.using(idempotency_key="sum:2", unique_for=60).enqueue(1, 2)
+    assert later.id != first.id
+    assert (job_of(first).idempotency_key, job_of(later).idempotency_key) == (None, "sum:2")
+
+
+@pytest.mark.django_db
+def test_unique_for_without_an_idempotency_key_is_refused_at_enqueue_and_nothing_is_written():
+    windowed = tasks.add.using(unique_for=60)  # the key may still come per call
+    with pytest.raises(InvalidTask, match="unique_for needs an idempotency_key"):
+        windowed.enqueue(1, 2)
+    assert not Job.objects.exists()
+
+
+@pytest.mark.django_db
+def test_follow_ups_from_the_decorator_reach_the_row_as_job_templates():
+    job = job_of(tasks.double_then_after.enqueue(4))
+    assert job.on_success == {
+        "kind": "tests.tasks.after", "payload": {"args": [], "kwargs": {}}, "queue_name": "default", "priority": 0,
+    }
+    assert job.on_failure == {"kind": "tests.tasks.after", "payload": {"args": ["failed"], "kwargs": {}}}
+
+
+@pytest.mark.django_db
+def test_a_follow_up_task_takes_its_own_priority_queue_and_options_into_its_template(queues):
+    follow = tasks.with_extras.using(priority=5, queue_name="emails", backoff={"base": 3, "max": timedelta(minutes=1)})
+    job = job_of(tasks.add.using(on_failure=with_options(tasks.noop, on_success=follow)).enqueue(1, 2))
+    assert job.on_success is None
+    assert job.on_failure == {
+        "kind": "tests.tasks.noop", "payload": {"args": [], "kwargs": {}}, "queue_name": "default", "priority": 0,
+        "on_success": {
+            "kind": "tests.tasks.with_extras", "payload": {"args": [], "kwargs": {}}, "queue_name": "emails",
+            "priority": 5, "max_attempts": 7, "timeout": 12.5, "backoff_base": 3, "backoff_max": 60.0,
+        },
+    }
+
+
+@pytest.mark.django_db
+def test_a_webhook_url_is_a_task_option(settings):
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "WEBHOOK_ALLOWED_HOSTS": ["hooks.example.com"]}
+    url = "https://hooks.example.com/jobs"
+    assert job_of(tasks.add.using(webhook_url=url).enqueue(1, 2)).webhook_url == url
+    assert job_of(with_options(tasks.noop, webhook_url=url).enqueue()).webhook_url == url
+    assert job_of(tasks.noop.enqueue()).webhook_url is None
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"unique_for": -1}, "unique_for must be > 0"),
+        ({"unique_for": "an hour"}, "unique_for must be a number of seconds or a timedelta"),
+        ({"unique_for": timedelta(days=5000)}, "unique_for .* is more than the limit"),
+        ({"on_success": "tests.tasks.after"}, "on_success must be a Task or a job template dict"),
+        ({"on_failure": {"payload": {}}}, "on_failure must be a dict with a kind"),
+        ({"on_success": {"kind": "no spaces"}}, "on_success: kind 'no spaces' may hold only"),
+        ({"on_success": {"kind": "tests.tasks.after", "colour": "red"}}, "on_success: unknown field"),
+        ({"on_success": {"kind": "tests.tasks.after", "payload": [1]}}, "on_success.payload must be a dict"),
+        ({"on_failure": {"kind": "after", "max_attempts": 0}}, "on_failure: max_attempts 0 is out of range"),
+        ({"webhook_url": "ftp://hooks.example.com/x"}, "webhook_url must be http or https"),
+        ({"webhook_url": "https://elsewhere.example.org/x"}, "not in the WEBHOOK_ALLOWED_HOSTS setting"),
+        ({"webhook_url": 42}, "webhook_url must be a non-empty string"),
+    ],
+)
+def test_bad_core_options_are_refused_as_invalid_tasks(options, message, settings):
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "WEBHOOK_ALLOWED_HOSTS": ["hooks.example.com"]}
+    with pytest.raises(InvalidTask, match=message):
+        tasks.add.using(**options)
+    with pytest.raises(InvalidTask, match=message):
+        with_options(tasks.noop, **options)

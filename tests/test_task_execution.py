@@ -4,6 +4,7 @@ import sys
 from datetime import timedelta
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.tasks import TaskResultStatus, default_task_backend
 from django.tasks.signals import task_enqueued, task_finished, task_started
 from django.utils import timezone
@@ -57,29 +58,6 @@ def signals():
         signal.disconnect(dispatch_uid="test_task_execution")
 
 
-def test_a_task_runs_on_a_worker_and_its_result_is_successful():
-    result = tasks.add.enqueue(2, b=3)
-    job = run()
-    assert job.state == State.COMPLETED and job.result == 5
-    result.refresh()
-    assert result.status == TaskResultStatus.SUCCESSFUL
-    assert result.is_finished
-    assert result.return_value == 5
-    assert result.worker_ids == [WORKER]
-    assert result.attempts == 1
-    assert result.errors == []
-    assert result.enqueued_at <= result.started_at <= result.last_attempted_at <= result.finished_at
-    assert result.finished_at == job.finished_at
-
-
-def test_a_task_returning_none_is_successful_with_none():
-    result = tasks.noop.enqueue()
-    run()
-    result.refresh()
-    assert result.status == TaskResultStatus.SUCCESSFUL
-    assert result.return_value is None
-
-
 def test_a_running_task_reads_as_running():
     result = tasks.add.enqueue(1, 1)
     transitions.claim(WORKER)
@@ -89,81 +67,6 @@ def test_a_running_task_reads_as_running():
     assert result.finished_at is None
     with pytest.raises(ValueError, match="not finished"):
         result.return_value
-
-
-def test_an_async_task_runs_on_an_event_loop():
-    result = tasks.async_add.enqueue(20, 22)
-    run()
-    result.refresh()
-    assert result.status == TaskResultStatus.SUCCESSFUL
-    assert result.return_value == 42
-
-
-def test_priority_decides_which_task_runs_first():
-    low = tasks.add.using(priority=-10).enqueue(0, 1)
-    high = tasks.add.using(priority=90).enqueue(0, 2)
-    assert run().id == int(high.id)
-    assert run().id == int(low.id)
-
-
-def test_a_deferred_task_does_not_run_before_run_after():
-    result = tasks.add.using(run_after=timezone.now() + timedelta(hours=1)).enqueue(1, 2)
-    assert run_one(worker_id=WORKER) is None
-    retry(Job.objects.get(id=int(result.id)))
-    assert run().id == int(result.id)
-
-
-def test_a_failing_task_is_dead_lettered_with_its_error_class_and_traceback():
-    result = tasks.fail.using(max_attempts=1).enqueue("disk on fire")
-    job = run()
-    assert job.state == State.DEAD_LETTER
-    assert DeadLetter.objects.filter(job=job).count() == 1
-    result.refresh()
-    assert result.status == TaskResultStatus.FAILED
-    assert result.finished_at is not None
-    with pytest.raises(ValueError, match="Task failed"):
-        result.return_value
-    [error] = result.errors
-    assert error.exception_class_path == "tests.tasks.TaskBoom"
-    assert error.exception_class is tasks.TaskBoom
-    assert error.traceback.startswith("Traceback (most recent call last)")
-    assert error.traceback.endswith("tests.tasks.TaskBoom: disk on fire\n")
-
-
-def test_a_builtin_exception_resolves_to_its_class():
-    result = tasks.fail_builtin.using(max_attempts=1).enqueue()
-    run()
-    result.refresh()
-    assert result.errors[0].exception_class_path == "builtins.ValueError"
-    assert result.errors[0].exception_class is ValueError
-
-
-def test_retries_record_one_error_per_failed_attempt_and_the_context_counts_attempts():
-    result = tasks.fail_until_third_attempt.using(max_attempts=5).enqueue()
-    first = run("worker-a")
-    assert first.state == State.PENDING and first.run_at > timezone.now()
-    result.refresh()
-    assert result.status == TaskResultStatus.READY
-    assert [e.exception_class for e in result.errors] == [tasks.TaskBoom]
-    assert "TaskBoom: attempt 1" in result.errors[0].traceback
-    retry(first)
-    run("worker-b")
-    retry(first)
-    done = run("worker-c")
-    assert done.state == State.COMPLETED and done.result == 3
-    result.refresh()
-    assert result.status == TaskResultStatus.SUCCESSFUL
-    assert result.return_value == 3
-    assert result.worker_ids == ["worker-a", "worker-b", "worker-c"]
-    assert result.attempts == 3
-    assert len(result.errors) == 2
-    assert "TaskBoom: attempt 2" in result.errors[1].traceback
-
-
-def test_the_task_context_carries_the_task_result():
-    result = tasks.attempt_number.enqueue()
-    job = run()
-    assert job.result == {"attempt": 1, "id": result.id, "workers": [WORKER]}
 
 
 def test_a_released_claim_is_not_counted_as_an_attempt():
@@ -196,17 +99,6 @@ def test_a_cancelled_task_is_failed():
     assert run_one(worker_id=WORKER) is None
 
 
-def test_a_return_value_json_cannot_hold_dead_letters_the_job(signals):
-    result = tasks.returns_set.enqueue()
-    job = run()
-    assert job.state == State.DEAD_LETTER
-    assert "not JSON-serializable" in job.last_error["message"]
-    result.refresh()
-    assert result.status == TaskResultStatus.FAILED
-    finished = [s for s in signals if s["signal"] == "finished"]
-    assert finished[0]["status"] == TaskResultStatus.FAILED
-
-
 def test_signals_fire_in_order_on_enqueue_start_and_finish(signals, django_capture_on_commit_callbacks):
     with django_capture_on_commit_callbacks(execute=True):
         result = tasks.add.enqueue(1, 2)
@@ -231,16 +123,6 @@ def test_task_finished_says_ready_while_retries_remain_and_failed_at_the_end(sig
     assert [s["errors"] for s in finished] == [1, 2]
     # Sent inside the exception handler, as Django's logger expects.
     assert {s["exc_info"] for s in finished} == {tasks.TaskBoom}
-
-
-def test_a_task_whose_module_no_longer_imports_is_dead_lettered_not_lost():
-    job = enqueueing.enqueue("tests.gone_away.vanished", {"args": [], "kwargs": {}})
-    ran = run()
-    assert ran.id == job.id and ran.state == State.DEAD_LETTER
-    assert ran.attempts == 1
-    assert "module tests.gone_away does not import" in ran.last_error["message"]
-    assert ran.last_error["type"] == "queue_app.registry.UnknownTask"
-    assert DeadLetter.objects.get(job=ran).reason == "not_retryable"
 
 
 def test_a_path_to_something_that_is_not_a_task_is_never_called():
@@ -270,63 +152,200 @@ def test_an_edited_payload_the_task_cannot_take_fails_with_a_clear_error():
     assert 'a task payload is {"args": [...], "kwargs": {...}}' in ran.last_error["message"]
 
 
-def test_get_result_works_through_the_default_backend_after_a_run():
-    result = tasks.echo.enqueue(1, word="two")
-    run()
-    fetched = default_task_backend.get_result(result.id)
-    assert fetched.return_value == {"args": [1], "kwargs": {"word": "two"}}
-    assert fetched.task == tasks.echo
+# --- through a real worker (forked runworker supervisor and children) ----------------------
 
 
-# --- through the real worker (forked runworker supervisor and children) ----------------------
+@pytest.fixture
+def worker_signals(tmp_path):
+    """What task_started / task_finished said in the worker: receivers connected here are
+    inherited by the forked supervisor and its children, which append to a file. Returns
+    a function giving [(pid, id, signal, status)]."""
+    log = tmp_path / "worker-signals"
+
+    def note(signal, sender, task_result, **kwargs):
+        name = "started" if signal is task_started else "finished"
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()} {task_result.id} {name} {task_result.status}\n")
+
+    task_started.connect(note, dispatch_uid="worker_signals")
+    task_finished.connect(note, dispatch_uid="worker_signals")
+    yield lambda: [tuple(line.split()) for line in (log.read_text().splitlines() if log.exists() else [])]
+    task_started.disconnect(dispatch_uid="worker_signals")
+    task_finished.disconnect(dispatch_uid="worker_signals")
+
+
+def work(**options):
+    """Run a forked runworker (one child, one thread, one job per claim unless told) to
+    the end: burst, or max_jobs attempts."""
+    from tests.worker_support import run_worker
+
+    options = {"concurrency": 1, "threads": 1, "batch": 1, "poll": 0.02, "name": "tasks-e2e", **options}
+    if "max_jobs" not in options:
+        options["burst"] = True
+    assert run_worker(**options) == 0
 
 
 @pytest.mark.django_db(transaction=True)
-def test_runworker_runs_tasks_retries_them_dead_letters_them_and_reports_results(settings, tmp_path):
-    from tests.worker_support import lease_settings, run_worker
-
-    settings.JOBQUEUE = lease_settings(BACKOFF_BASE=0.05)
-    log = tmp_path / "signals"
-
-    def note(signal, sender, task_result, **kwargs):
-        # Inherited by the forked worker: it writes what the worker's signals said.
-        with open(log, "a") as f:
-            f.write(f"{os.getpid()} {task_result.id} {task_result.status}\n")
-
-    task_started.connect(note, dispatch_uid="e2e")
-    task_finished.connect(note, dispatch_uid="e2e")
-    try:
-        added = tasks.add.enqueue(2, 40)
-        flaky = tasks.fail_until_third_attempt.using(max_attempts=5).enqueue()
-        meeting = str(tmp_path / "meeting")
-        naps = [tasks.async_rendezvous.using(priority=10).enqueue(meeting, 3) for _ in range(3)]
-        gone = enqueueing.enqueue("tests.gone_away.vanished", {"args": [], "kwargs": {}})
-        assert run_worker(max_jobs=8, concurrency=1, threads=4, batch=4, poll=0.02) == 0
-    finally:
-        task_started.disconnect(dispatch_uid="e2e")
-        task_finished.disconnect(dispatch_uid="e2e")
+def test_a_worker_runs_tasks_and_their_results_say_so(worker_signals):
+    added = tasks.add.enqueue(2, b=3)
+    nothing = tasks.noop.enqueue()
+    echoed = tasks.echo.enqueue(1, word="two")
+    context = tasks.attempt_number.enqueue()
+    awaited = async_to_sync(tasks.async_add.aenqueue)(20, 22)
+    work()
 
     added.refresh()
-    assert (added.status, added.return_value) == (TaskResultStatus.SUCCESSFUL, 42)
+    assert added.status == TaskResultStatus.SUCCESSFUL and added.is_finished
+    assert added.return_value == 5
+    [worker_id] = added.worker_ids
+    assert worker_id.startswith("tasks-e2e/")
+    assert (added.attempts, added.errors) == (1, [])
+    assert added.enqueued_at <= added.started_at <= added.last_attempted_at <= added.finished_at
+    assert added.finished_at == Job.objects.get(id=int(added.id)).finished_at
+    nothing.refresh()
+    assert (nothing.status, nothing.return_value) == (TaskResultStatus.SUCCESSFUL, None)
+    # Looked up afresh, through the default backend and through the task.
+    fetched = default_task_backend.get_result(echoed.id)
+    assert fetched.return_value == {"args": [1], "kwargs": {"word": "two"}}
+    assert fetched.task == tasks.echo
+    assert tasks.echo.get_result(echoed.id).status == TaskResultStatus.SUCCESSFUL
+    # The TaskContext carries the running attempt's TaskResult.
+    assert tasks.attempt_number.get_result(context.id).return_value == {
+        "attempt": 1, "id": context.id, "workers": [worker_id],
+    }
+    # An async task, enqueued from async code, ran on an event loop in the worker.
+    fetched = async_to_sync(tasks.async_add.aget_result)(awaited.id)
+    assert (fetched.status, fetched.return_value) == (TaskResultStatus.SUCCESSFUL, 42)
+    # The worker process sent task_started and task_finished, not this one.
+    seen = worker_signals()
+    assert {pid for pid, *_ in seen} and all(int(pid) != os.getpid() for pid, *_ in seen)
+    assert [(name, status) for _, job_id, name, status in seen if job_id == added.id] == [
+        ("started", "RUNNING"), ("finished", "SUCCESSFUL"),
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_runs_higher_priority_tasks_first():
+    low = tasks.add.using(priority=-10).enqueue(0, 1)
+    middle = tasks.add.enqueue(0, 2)
+    high = tasks.add.using(priority=90).enqueue(0, 3)
+    work()
+    for result in (low, middle, high):
+        result.refresh()
+    assert high.started_at < middle.started_at < low.started_at
+    assert {r.status for r in (low, middle, high)} == {TaskResultStatus.SUCCESSFUL}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_holds_a_deferred_task_until_its_run_after():
+    later = timezone.now() + timedelta(seconds=1)
+    deferred = tasks.add.using(run_after=later).enqueue(1, 2)
+    ready = tasks.add.enqueue(3, 4)
+    work()  # burst: runs what is ready and leaves
+    deferred.refresh()
+    ready.refresh()
+    assert (ready.status, deferred.status) == (TaskResultStatus.SUCCESSFUL, TaskResultStatus.READY)
+    work(max_jobs=1)  # waits for it
+    deferred.refresh()
+    assert (deferred.status, deferred.return_value) == (TaskResultStatus.SUCCESSFUL, 3)
+    assert deferred.started_at >= later
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_retries_a_task_whose_context_counts_attempts_and_records_each_error(settings, worker_signals):
+    from tests.worker_support import lease_settings
+
+    settings.JOBQUEUE = lease_settings(BACKOFF_BASE=0.05)
+    flaky = tasks.fail_until_third_attempt.using(max_attempts=5).enqueue()
+    work(max_jobs=3)
     flaky.refresh()
-    assert (flaky.status, flaky.return_value, flaky.attempts, len(flaky.errors)) == (
-        TaskResultStatus.SUCCESSFUL, 3, 3, 2,
-    )
-    # Async tasks on separate threads' event loops run at the same time rather than queue
-    # up: each waited until all three had started.
+    assert (flaky.status, flaky.return_value, flaky.attempts) == (TaskResultStatus.SUCCESSFUL, 3, 3)
+    assert len(flaky.worker_ids) == 3
+    assert [e.exception_class for e in flaky.errors] == [tasks.TaskBoom, tasks.TaskBoom]
+    assert "TaskBoom: attempt 1" in flaky.errors[0].traceback
+    assert "TaskBoom: attempt 2" in flaky.errors[1].traceback
+    # Each failed attempt's task_finished said READY (a retry is coming), the last SUCCESSFUL.
+    assert [(name, status) for _, job_id, name, status in worker_signals() if job_id == flaky.id] == [
+        ("started", "RUNNING"), ("finished", "READY"),
+        ("started", "RUNNING"), ("finished", "READY"),
+        ("started", "RUNNING"), ("finished", "SUCCESSFUL"),
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_dead_letters_failing_tasks_with_their_errors(worker_signals):
+    failing = tasks.fail.using(max_attempts=1).enqueue("disk on fire")
+    builtin = tasks.fail_builtin.using(max_attempts=1).enqueue()
+    unstorable = tasks.returns_set.enqueue()
+    gone = enqueueing.enqueue("tests.gone_away.vanished", {"args": [], "kwargs": {}})
+    work()
+
+    failing.refresh()
+    assert failing.status == TaskResultStatus.FAILED and failing.finished_at is not None
+    with pytest.raises(ValueError, match="Task failed"):
+        failing.return_value
+    [error] = failing.errors
+    assert error.exception_class_path == "tests.tasks.TaskBoom"
+    assert error.exception_class is tasks.TaskBoom
+    assert error.traceback.startswith("Traceback (most recent call last)")
+    assert error.traceback.endswith("tests.tasks.TaskBoom: disk on fire\n")
+    builtin.refresh()
+    assert builtin.errors[0].exception_class_path == "builtins.ValueError"
+    assert builtin.errors[0].exception_class is ValueError
+    for result in (failing, builtin):
+        assert DeadLetter.objects.filter(job_id=int(result.id)).count() == 1
+    # A return value JSON cannot hold: the attempt fails, not retried.
+    job = Job.objects.get(id=int(unstorable.id))
+    assert job.state == State.DEAD_LETTER and job.attempts == 1
+    assert "not JSON-serializable" in job.last_error["message"]
+    assert default_task_backend.get_result(unstorable.id).status == TaskResultStatus.FAILED
+    # A task whose module no longer imports is dead-lettered at once, not lost.
+    job = Job.objects.get(id=gone.id)
+    assert (job.state, job.attempts) == (State.DEAD_LETTER, 1)
+    assert "module tests.gone_away does not import" in job.last_error["message"]
+    assert job.last_error["type"] == "queue_app.registry.UnknownTask"
+    assert DeadLetter.objects.get(job=job).reason == "not_retryable"
+    finished = {job_id: status for _, job_id, name, status in worker_signals() if name == "finished"}
+    assert finished == {failing.id: "FAILED", builtin.id: "FAILED", unstorable.id: "FAILED"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_async_tasks_on_a_childs_threads_run_at_the_same_time(tmp_path):
+    meeting = str(tmp_path / "meeting")
+    naps = [tasks.async_rendezvous.enqueue(meeting, 3) for _ in range(3)]
+    # One child, three threads: each awaits (on its own thread's event loop) until all
+    # three have started, so they must run at once rather than queue up.
+    work(threads=3, batch=3)
     for nap in naps:
         nap.refresh()
         assert (nap.status, nap.return_value) == (TaskResultStatus.SUCCESSFUL, 3)
-    assert Job.objects.get(id=gone.id).state == State.DEAD_LETTER
-    lines = log.read_text().splitlines()
-    assert all(int(line.split()[0]) != os.getpid() for line in lines)
-    assert f"{added.id} RUNNING" in "\n".join(lines) and f"{added.id} SUCCESSFUL" in "\n".join(lines)
-    statuses = [line.split()[2] for line in lines if line.split()[1] == flaky.id]
-    # Three starts, two retries (each finished signal says READY, even when another thread
-    # already claimed the retry), one success. A retry may start before the failed
-    # attempt's finished signal is written, so only the success's place is fixed.
-    assert sorted(statuses) == sorted(["RUNNING", "READY", "RUNNING", "READY", "RUNNING", "SUCCESSFUL"]), lines
-    assert statuses.index("SUCCESSFUL") > max(i for i, s in enumerate(statuses) if s == "RUNNING")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_tasks_on_success_and_on_failure_follow_ups_run_on_the_worker():
+    done = tasks.double_then_after.enqueue(4)
+    failed = tasks.double_then_after.using(max_attempts=1).enqueue(-1)
+    work(max_jobs=4)
+
+    done.refresh()
+    assert (done.status, done.return_value) == (TaskResultStatus.SUCCESSFUL, 8)
+    child = Job.objects.get(parent_id=int(done.id))
+    assert default_task_backend.get_result(child.id).return_value == {
+        "tag": "after",
+        "parent": {"id": int(done.id), "kind": "tests.tasks.double_then_after", "state": "completed", "result": 8},
+        "error": None,
+    }
+    failed.refresh()
+    assert failed.status == TaskResultStatus.FAILED
+    child = Job.objects.get(parent_id=int(failed.id))
+    follow = tasks.after.get_result(child.id)
+    assert follow.status == TaskResultStatus.SUCCESSFUL
+    assert (follow.args, follow.kwargs) == (["failed"], {})
+    assert follow.return_value == {
+        "tag": "failed",
+        "parent": {"id": int(failed.id), "kind": "tests.tasks.double_then_after", "state": "dead_letter", "result": None},
+        "error": "tests.tasks.TaskBoom",
+    }
 
 
 @pytest.mark.django_db(transaction=True)
