@@ -15,9 +15,9 @@ from queue_app.execution import run_one
 from queue_app.models import Event, EventType, Job, State, Worker, WorkerState
 from tests.worker_support import lease_settings, start_worker, wait_for
 
-# The figure is 20 workers x 1,000 jobs: JOBQUEUE_SHELL_TEST_JOBS=20000, or per
-# database JOBQUEUE_SHELL_TEST_JOBS_POSTGRESQL=20000 (as CI runs it: the full size on the
-# engine several hosts share, 2,000 on the others to keep the suite's time on 2 cores).
+# The figure is 20 workers x 1,000 jobs: JOBQUEUE_SHELL_TEST_JOBS=20000, as
+# `make test` runs it (scripts/test.sh); 2,000 when pytest runs alone, for a quick check.
+# JOBQUEUE_SHELL_TEST_JOBS_<VENDOR> (e.g. _POSTGRESQL) sets one database's size.
 SHELL_TEST_WORKERS = 20
 
 
