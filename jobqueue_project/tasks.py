@@ -27,9 +27,15 @@ def add(a, b):
     return a + b
 
 
-@options_task(priority=10, max_attempts=5, timeout=60)
+@task
+def welcome_sent(parent=None):
+    """A follow-up: enqueued when send_welcome_email completes; ``parent`` is its outcome."""
+    return {"after": parent["id"], "sent_to": parent["result"]["sent_to"]} if parent else None
+
+
+@options_task(priority=10, max_attempts=5, timeout=60, on_success=welcome_sent)
 def send_welcome_email(address):
-    """Our extras (max_attempts, timeout) ride on @task as keyword arguments."""
+    """Our extras (max_attempts, timeout, on_success...) ride on @task as keyword arguments."""
     log.info("would send a welcome email to %s", address)
     return {"sent_to": address}
 
@@ -44,6 +50,6 @@ def flaky_report(context, day):
 
 @task
 async def fetch_status(url):
-    """``async def`` tasks run on an event loop in the worker."""
+    """``async def`` tasks run on an event loop in the worker (one per worker thread)."""
     await asyncio.sleep(0.01)
     return {"url": url, "status": "ok"}

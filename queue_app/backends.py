@@ -227,7 +227,8 @@ class DatabaseBackend(BaseTaskBackend):
 
     # run_after becomes the job's run_at: no worker leases it earlier.
     supports_defer = True
-    # Workers run ``async def`` tasks on an event loop.
+    # Workers run ``async def`` tasks on an event loop per worker thread: --threads N
+    # runs N at once per child (README "Using django.tasks" says why not one shared loop).
     supports_async_task = True
     # Results are rows: any thread or process can read them.
     supports_get_result = True
