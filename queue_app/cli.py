@@ -3,14 +3,15 @@ bad values with exit status 2, and rich tables (colour only on a terminal).
 
 Exit statuses: 0 success, 1 operational failure, 2 bad usage or bad input (nothing
 written). argparse already exits 2 for an unknown flag; ``bad_input`` does the same
-for values only the command can judge.
+for values only the command can judge, and ``QueueParser`` keeps it 2 when a command
+runs through ``call_command``.
 """
 import argparse
 import json
 import os
 from datetime import UTC, datetime
 
-from django.core.management.base import BaseCommand, CommandError, DjangoHelpFormatter
+from django.core.management.base import BaseCommand, CommandError, CommandParser, DjangoHelpFormatter
 from django.utils import timezone
 from rich import box
 from rich.console import Console
@@ -28,14 +29,30 @@ def bad_input(message):
     return CommandError(message, returncode=BAD_INPUT)
 
 
+class QueueParser(CommandParser):
+    """Django's parser, except that a bad flag given through call_command is a
+    CommandError with exit status 2, as it is on the command line."""
+
+    def error(self, message):
+        if self.called_from_command_line:
+            super().error(message)  # usage, the message, exit status 2
+        raise bad_input(f"Error: {message}")
+
+
 class QueueCommand(BaseCommand):
-    """A command whose --help keeps the layout of its ``epilog`` (the examples)."""
+    """A command whose --help keeps the layout of its ``epilog`` (the examples), and
+    whose flag errors exit 2 however it is called."""
 
     epilog = ""
 
     def create_parser(self, prog_name, subcommand, **kwargs):
         kwargs.setdefault("formatter_class", RawDescriptionDjangoFormatter)
-        return super().create_parser(prog_name, subcommand, epilog=self.epilog or None, **kwargs)
+        parser = super().create_parser(prog_name, subcommand, epilog=self.epilog or None, **kwargs)
+        # BaseCommand builds a CommandParser itself, and add_arguments() has already made
+        # any subcommand parsers: switch them all to QueueParser (it only adds error()).
+        for p in _with_subparsers(parser):
+            p.__class__ = QueueParser
+        return parser
 
     def console(self):
         """A rich Console on this command's stdout: colour and live progress on a TTY only."""
@@ -52,6 +69,14 @@ class QueueCommand(BaseCommand):
         )
 
 
+def _with_subparsers(parser):
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _with_subparsers(sub)
+
+
 class RawDescriptionDjangoFormatter(DjangoHelpFormatter, argparse.RawDescriptionHelpFormatter):
     """Django's ordering (command options first) with the epilog kept as written."""
 
@@ -64,6 +89,14 @@ def duration(text):
         return durations.parse(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def positive_duration(text):
+    """A duration longer than 0, for the knobs where 0 would spin or mean nothing."""
+    value = duration(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r}: must be longer than 0, e.g. 500ms or 30s")
+    return value
 
 
 def positive_int(text):
@@ -93,12 +126,12 @@ def job_id(text):
     return value
 
 
-def json_value(text, what="--payload"):
+def json_value(text, what="--payload", example='{"to": "user@example.com"}'):
     """Parse JSON given on the command line or raise a bad-input CommandError."""
     try:
         return json.loads(text)
     except ValueError as exc:
-        raise bad_input(f"{what} is not valid JSON ({exc}); e.g. '{{\"to\": \"user@example.com\"}}'") from None
+        raise bad_input(f"{what} is not valid JSON ({exc}); e.g. '{example}'") from None
 
 
 def timestamp(text, what="--run-at"):

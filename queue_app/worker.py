@@ -52,7 +52,7 @@ class Options:
     timeout: float = None
     max_jobs: int = None
     max_runtime: float = None
-    burst: bool = False
+    burst: bool = None
     name: str = None
 
     def resolved(self):
@@ -61,7 +61,7 @@ class Options:
         heartbeat = self.heartbeat if self.heartbeat is not None else settings.HEARTBEAT_INTERVAL
         return Options(
             queues=tuple(self.queues or settings.WORKER_QUEUES or ["*"]),
-            kinds=tuple(self.kinds or ()),
+            kinds=tuple(self.kinds or settings.WORKER_KINDS or ()),
             concurrency=int(self.concurrency or settings.WORKER_CONCURRENCY),
             threads=int(self.threads or settings.WORKER_THREADS),
             batch=int(self.batch or settings.WORKER_BATCH),
@@ -75,9 +75,9 @@ class Options:
             ),
             grace=float(self.grace if self.grace is not None else settings.GRACE_SECONDS),
             timeout=self.timeout if self.timeout is not None else settings.DEFAULT_TIMEOUT,
-            max_jobs=self.max_jobs,
-            max_runtime=self.max_runtime,
-            burst=self.burst,
+            max_jobs=self.max_jobs if self.max_jobs is not None else settings.WORKER_MAX_JOBS,
+            max_runtime=self.max_runtime if self.max_runtime is not None else settings.WORKER_MAX_RUNTIME,
+            burst=bool(self.burst if self.burst is not None else settings.WORKER_BURST),
             name=self.name or execution.default_worker_id(),
         )
 

@@ -1,15 +1,18 @@
 """The operator's commands through call_command, and bad input through real
 `manage.py` subprocesses: exit status 2, a one-line message, nothing written."""
 import json
-from datetime import timedelta
+import re
+from datetime import datetime, timedelta
 from io import StringIO
+from pathlib import Path
 
 import pytest
-from django.core.management import CommandError, call_command
+from django.core.management import CommandError, call_command, load_command_class
 from django.utils import timezone
 
+import queue_app.management.commands
 from queue_app import enqueue, transitions
-from queue_app.models import DeadLetter, Event, EventType, Job, State
+from queue_app.models import ApiKey, DeadLetter, Event, EventType, Job, KindLimit, Pause, Schedule, State, Worker
 from tests.factories import DeadLetterFactory
 from tests.worker_support import manage
 
@@ -22,13 +25,18 @@ def run(*args, **options):
     return out.getvalue()
 
 
+COMMANDS = sorted(p.stem for p in Path(queue_app.management.commands.__file__).parent.glob("*.py")
+                  if not p.stem.startswith("_"))
+
+
 def dump():
     """Every row the queue owns, to compare before and after a refused command."""
-    return (
-        list(Job.objects.order_by("id").values()),
-        list(Event.objects.order_by("id").values()),
-        list(DeadLetter.objects.order_by("id").values()),
-    )
+    return [list(model.objects.order_by("pk").values())
+            for model in (Job, Event, DeadLetter, KindLimit, Pause, Schedule, Worker, ApiKey)]
+
+
+def help_text(name):
+    return load_command_class("queue_app", name).create_parser("manage.py", name).format_help()
 
 
 def dead_job(kind="email", payload=None):
@@ -68,6 +76,33 @@ def test_enqueue_json_document_form_takes_the_same_fields():
     assert job.run_at > job.created_at + timedelta(seconds=29)
 
 
+def test_enqueue_takes_follow_ups_and_a_webhook_as_flags_and_in_the_document(settings):
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "WEBHOOK_ALLOWED_HOSTS": ["hooks.example.com"]}
+    run("enqueue", "--kind", "report",
+        "--on-success", '{"kind": "email", "payload": {"to": "boss@example.com"}, "priority": 5}',
+        "--on-failure", '{"kind": "alert"}', "--webhook-url", "https://hooks.example.com/jobs")
+    run("enqueue", '{"kind": "report", "on_success": {"kind": "email"}, '
+                   '"on_failure": {"kind": "alert", "payload": {"team": "ops"}}, '
+                   '"webhook_url": "https://hooks.example.com/other"}')
+    flags, document = Job.objects.order_by("id")
+    assert flags.on_success == {"kind": "email", "payload": {"to": "boss@example.com"}, "priority": 5}
+    assert (flags.on_failure, flags.webhook_url) == ({"kind": "alert"}, "https://hooks.example.com/jobs")
+    assert document.on_success == {"kind": "email"}
+    assert document.on_failure == {"kind": "alert", "payload": {"team": "ops"}}
+    assert document.webhook_url == "https://hooks.example.com/other"
+
+
+def test_enqueue_unique_for_dedupes_a_key_only_within_the_window_as_a_flag_and_in_the_document():
+    first = json.loads(run("enqueue", "--kind", "digest", "--idempotency-key", "d:1", "--json"))["job"]
+    Job.objects.filter(id=first["id"]).update(created_at=timezone.now() - timedelta(hours=2))
+
+    within = run("enqueue", '{"kind": "digest", "idempotency_key": "d:1", "unique_for": "3h"}')
+    assert f"matched existing job {first['id']}" in within
+    after = json.loads(run("enqueue", "--kind", "digest", "--idempotency-key", "d:1", "--unique-for", "1h", "--json"))
+    assert after["created"] is True and after["job"]["id"] != first["id"]
+    assert Job.objects.count() == 2
+
+
 def test_enqueue_says_when_an_idempotency_key_matched_an_existing_job():
     first = run("enqueue", "--kind", "email", "--idempotency-key", "welcome:42", "--json")
     second = run("enqueue", "--kind", "email", "--idempotency-key", "welcome:42")
@@ -98,10 +133,23 @@ def test_enqueue_command_is_refused_unless_shell_jobs_are_enabled(settings):
         (['{"kind": "email", "colour": "red"}'], "unknown key(s) in the job document: colour"),
         (['{"kind": "email"}', "--priority", "3"], "not both"),
         (["--kind", "bad kind"], "may hold only"),
+        (["--kind", "email", "--unique-for", "1h"], "unique_for needs an idempotency_key"),
+        (["--kind", "email", "--idempotency-key", "k", "--unique-for", "0"], "unique_for"),
+        (["--kind", "email", "--unique-for", "soon"], "invalid duration 'soon'"),
+        (["--kind", "email", "--on-success", "{bad"], "--on-success is not valid JSON"),
+        (["--kind", "email", "--on-success", "[1]"], "on_success must be a dict with a kind"),
+        (["--kind", "email", "--on-failure", '{"kind": "alert", "colour": 1}'], "on_failure: unknown field(s) colour"),
+        (["--kind", "email", "--on-failure", '{"kind": "alert", "priority": 500}'], "on_failure: priority"),
+        (["--kind", "email", "--webhook-url", "ftp://hooks.example.com/x"], "must be http or https"),
+        (["--kind", "email", "--webhook-url", "https://hooks.example.com/x"], "not in the WEBHOOK_ALLOWED_HOSTS"),
+        (['{"kind": "email", "unique_for": "soon", "idempotency_key": "k"}'], '"unique_for": invalid duration'),
+        (['{"kind": "email", "on_success": "email"}'], "on_success must be a dict with a kind"),
+        (['{"kind": "email", "webhook_url": "nope"}'], "must be http or https"),
+        (['{"kind": "email"}', "--webhook-url", "https://hooks.example.com/x"], "not both"),
     ],
 )
 def test_enqueue_refuses_bad_input_with_status_2_and_writes_nothing(args, message):
-    with pytest.raises(CommandError, match=message.replace("(", r"\(").replace(")", r"\)")) as err:
+    with pytest.raises(CommandError, match=re.escape(message)) as err:
         run("enqueue", *args)
     assert err.value.returncode == 2
     assert not Job.objects.exists()
@@ -227,14 +275,58 @@ def test_cancel_cancels_a_pending_job_and_refuses_a_finished_one():
     assert err.value.returncode == 2
 
 
-def test_every_command_has_help_with_examples():
-    from django.core.management import load_command_class
+def test_the_command_list_is_read_from_the_commands_directory():
+    assert {"enqueue", "runworker", "work", "apikey", "web"} <= set(COMMANDS)
 
-    for name in ("enqueue", "inspect", "status", "history", "requeue", "deadletters", "cancel",
-                 "prune", "seed", "demo"):
-        cmd = load_command_class("queue_app", name)
-        text = cmd.create_parser("manage.py", name).format_help()
-        assert "examples:" in text and f"manage.py {name}" in text, name
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_every_command_has_help_with_examples(name):
+    text = help_text(name)
+    assert "examples:" in text and re.search(rf"manage\.py {name}\b", text)
+
+
+# --- --json: the keys each command's help documents ------------------------------------------
+
+
+def documented(name, keys):
+    """Assert each of ``keys`` is named in ``name``'s --help."""
+    text = help_text(name)
+    missing = [k for k in keys if not re.search(rf"\b{k}\b", text)]
+    assert not missing, f"{name} --help does not mention {missing}"
+
+
+def test_enqueue_json_is_created_and_the_job_with_the_keys_its_help_names():
+    data = json.loads(run("enqueue", "--kind", "email", "--payload", '{"to": "a@example.com"}', "--json"))
+    assert set(data) == {"created", "job"} and data["created"] is True
+    job = data["job"]
+    assert set(job) == {
+        "id", "kind", "queue", "state", "status", "priority", "payload", "attempts", "max_attempts",
+        "idempotency_key", "concurrency_key", "run_at", "created_at", "started_at", "finished_at", "lease_owner",
+        "lease_expires_at", "timeout", "result", "last_error", "progress", "progress_message", "metadata",
+        "cancel_requested_at"}
+    assert (type(job["id"]), job["kind"], job["state"], job["payload"]) == (int, "email", "pending", {"to": "a@example.com"})
+    assert datetime.fromisoformat(job["run_at"])
+    documented("enqueue", [*data, *job])
+
+
+def test_workers_json_is_a_list_of_workers_with_the_keys_its_help_names():
+    Worker.objects.create(name="w1", host="h", pid=42, queues=["*"], kinds=["email"], stop_requested_at=timezone.now())
+    [row] = json.loads(run("workers", "--json"))
+    assert set(row) == {"name", "host", "pid", "status", "queues", "kinds", "concurrency", "threads",
+                        "jobs_in_hand", "jobs_done", "started_at", "heartbeat_age", "stop_requested"}
+    assert (row["name"], row["pid"], row["status"], row["queues"], row["kinds"], row["stop_requested"]) == (
+        "w1", 42, "running", ["*"], ["email"], True)
+    assert isinstance(row["heartbeat_age"], float)
+    assert datetime.fromisoformat(row["started_at"])
+    documented("workers", row)
+
+
+def test_every_other_json_output_has_the_keys_its_help_names():
+    job = dead_job()
+    documented("status", json.loads(run("status", "--json")))
+    documented("inspect", json.loads(run("inspect", "--json")))
+    documented("history", json.loads(run("history", str(job.id), "--json")))
+    documented("deadletters", json.loads(run("deadletters", "--json"))[0])
 
 
 # --- bad input: exit status 2 and nothing written -----------------------------------------------
@@ -247,16 +339,45 @@ def test_every_command_has_help_with_examples():
         (["enqueue", "--kind", "email", "--max-attempts", "-1"], "out of range"),
         (["requeue", "987654"], "does not exist"),
         (["prune", "--older-than", "7d", "--state", "pending"], "cannot prune pending"),
+        (["prune", "--older-than", "soon"], "invalid duration 'soon'"),
+        (["inspect", "--limit", "-1"], "must be at least 1"),
+        (["limits", "email", "--concurrency", "-3"], "concurrency must be a positive integer"),
+        (["limits", "email", "--rate", "10", "--per", "-5"], "rate_period"),
+        (["limits", "email"], "give --concurrency, --per-key"),
+        (["pause", "--kind", "no spaces"], "kind"),
+        (["resume", "--kind", "email"], "kind email is not paused"),
+        (["stopworkers", "--worker", "nosuch"], "no running worker named nosuch"),
+        (["apikey", "revoke", "nosuch"], "no active key named 'nosuch'"),
+        (["apikey", "create", "ops"], "a key named 'ops' already exists"),
+        (["apikey", "create", " "], "the key name must be 1 to 100 characters"),
+        (["apikey", "rotate"], "invalid choice: 'rotate'"),
+        (["metrics", "--addr", "bogus"], "--addr: address 'bogus' must look like :9090"),
+        (["web", "--addr", "bogus"], "--addr 'bogus' is not HOST:PORT"),
+        (["web", "--workers", "0"], "must be at least 1"),
+        (["web", "--timeout", "-5"], "must be at least 1"),
+        (["deadletters", "--since=-1h"], "invalid duration"),
     ],
 )
 def test_bad_input_is_refused_with_status_2_and_leaves_the_database_unchanged(args, message):
     dead_job()
     enqueue("email", {"to": "a@example.com"})
+    a_row_in_every_table()
     before = dump()
-    with pytest.raises(CommandError, match=message) as err:
+    with pytest.raises(CommandError, match=re.escape(message)) as err:
         run(*args)
     assert err.value.returncode == 2
     assert dump() == before
+
+
+def a_row_in_every_table():
+    """A row in each table dump() compares, so that a refused command has something to change."""
+    from queue_app import api_auth, flow
+
+    flow.set_limit("email", concurrency=2)
+    flow.pause(kind="report", actor="test")
+    api_auth.create("ops")
+    Worker.objects.create(name="w1", host="h", pid=1, queues=["*"])
+    Schedule.objects.create(name="nightly", cron="0 2 * * *", kind="report")
 
 
 # Through a real process, once for each way a command refuses: argparse's own error and a
@@ -267,11 +388,18 @@ def test_bad_input_is_refused_with_status_2_and_leaves_the_database_unchanged(ar
     [
         (["enqueue", "--kind", "email", "--run-at", "2030-01-01T00:00:00Z", "--run-after", "5s"], "not allowed with"),
         (["history", "987654"], "does not exist"),
+        (["enqueue", "--kind", "email", "--webhook-url", "ftp://x.example.com/"], "must be http or https"),
+        (["runworker", "--poll", "0"], "invalid duration '0': must be longer than 0"),
+        (["runworker", "--import", "no.such.mod"], "--import no.such.mod"),
+        (["stopworkers", "--worker", "nosuch"], "no running worker named nosuch"),
+        (["limits", "email", "--concurrency", "-3"], "concurrency must be a positive integer"),
+        (["apikey", "revoke", "nosuch"], "no active key named 'nosuch'"),
     ],
 )
 def test_bad_input_in_a_real_process_exits_2_and_leaves_the_database_unchanged(args, message):
     dead_job()
     enqueue("email", {"to": "a@example.com"})
+    a_row_in_every_table()
     before = dump()
     proc = manage(*args)
     out, _ = proc.communicate(timeout=60)

@@ -4,7 +4,7 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
-from queue_app.models import KindLimit, Pause
+from queue_app.models import KindLimit, Pause, Schedule
 from tests.factories import JobFactory
 
 pytestmark = pytest.mark.django_db
@@ -25,14 +25,16 @@ def test_pause_list_and_resume_a_queue():
     assert not Pause.objects.exists()
 
 
-def test_resume_of_something_not_paused_fails():
-    with pytest.raises(CommandError, match="not paused"):
+def test_resume_of_something_not_paused_exits_2():
+    with pytest.raises(CommandError, match="not paused") as err:
         run("resume", "--kind", "echo")
+    assert err.value.returncode == 2
 
 
-def test_pause_refuses_a_bad_name_and_writes_nothing():
-    with pytest.raises(CommandError):
+def test_pause_refuses_a_bad_name_with_status_2_and_writes_nothing():
+    with pytest.raises(CommandError) as err:
         run("pause", "--kind", "no spaces")
+    assert err.value.returncode == 2
     assert not Pause.objects.exists()
 
 
@@ -56,11 +58,36 @@ def test_limits_set_show_and_clear_a_per_key_limit():
     assert "no per-key cap" in run("limits")
 
 
-def test_limits_refuse_bad_values_and_write_nothing():
-    with pytest.raises(CommandError):
-        run("limits", "echo", "--rate", "-2")
-    with pytest.raises(CommandError, match="give --concurrency, --per-key"):
-        run("limits", "echo")
-    with pytest.raises(CommandError, match="per_key must be a positive integer"):
-        run("limits", "echo", "--per-key", "-1")
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--rate", "-2"], "rate_limit must be a positive integer"),
+        (["--concurrency", "-3"], "concurrency must be a positive integer"),
+        (["--concurrency", "many"], "invalid _optional_int value"),
+        ([], "give --concurrency, --per-key"),
+        (["--per-key", "-1"], "per_key must be a positive integer"),
+        # The good value is not written either.
+        (["--concurrency", "2", "--per", "0"], "rate_period"),
+    ],
+)
+def test_limits_refuse_bad_values_with_status_2_and_write_nothing(args, message):
+    with pytest.raises(CommandError, match=message) as err:
+        run("limits", "echo", *args)
+    assert err.value.returncode == 2
     assert not KindLimit.objects.exists()
+
+
+def test_limits_and_schedules_sync_refuse_a_bad_setting_with_status_2_and_write_nothing(settings):
+    settings.JOBQUEUE = {
+        **settings.JOBQUEUE,
+        "LIMITS": {"echo": {"concurrency": 2}, "add": {"concurrency": -1}},
+        "SCHEDULES": {"ok": {"cron": "0 2 * * *", "kind": "echo"}, "bad": {"cron": "never", "kind": "echo"}},
+    }
+    with pytest.raises(CommandError, match=r"concurrency must be a positive integer") as err:
+        run("limits", "--sync")
+    assert err.value.returncode == 2
+    with pytest.raises(CommandError, match=r"SCHEDULES\['bad'\]") as err:
+        run("schedules", "--sync")
+    assert err.value.returncode == 2
+    assert not KindLimit.objects.exists()
+    assert not Schedule.objects.exists()

@@ -3,6 +3,7 @@ subprocesses against the test database."""
 import re
 import signal
 import socket
+import time
 import urllib.error
 import urllib.request
 from datetime import timedelta
@@ -13,7 +14,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from queue_app import bulk_enqueue, enqueue
+from queue_app import bulk_enqueue, enqueue, worker
 from queue_app.models import EventType, Job, State, Worker, WorkerState
 from tests.worker_support import manage, wait_for
 
@@ -87,9 +88,10 @@ def test_stopworkers_without_names_asks_every_running_worker():
 def test_stopworkers_with_an_unknown_name_fails_and_asks_nobody():
     WorkerFactory(name="known")
 
-    with pytest.raises(CommandError, match="no running worker named ghost"):
+    with pytest.raises(CommandError, match="no running worker named ghost") as err:
         call_command("stopworkers", "--worker", "known", "--worker", "ghost")
 
+    assert err.value.returncode == 2
     assert not Worker.objects.filter(stop_requested_at__isnull=False).exists()
 
 
@@ -177,13 +179,15 @@ def test_runworker_refuses_to_start_when_its_metrics_port_is_taken_and_registers
     [
         ("--metrics-addr", "9100", "must look like :9090 or 127.0.0.1:9090"),
         ("--metrics-addr", "host:99999", "must look like :9090"),
+        ("--metrics-addr", "nonsense", "'nonsense' must look like :9090"),
         ("--web-addr", "a b:80", "--web-addr 'a b:80' is not HOST:PORT"),
     ],
 )
 def test_runworker_refuses_a_malformed_server_address_and_registers_nothing(flag, addr, message):
-    with pytest.raises(CommandError, match=re.escape(message)):
+    with pytest.raises(CommandError, match=re.escape(message)) as err:
         call_command("runworker", flag, addr)
 
+    assert err.value.returncode == 2
     assert not Worker.objects.exists()
 
 
@@ -191,17 +195,67 @@ def test_runworker_refuses_a_malformed_server_address_and_registers_nothing(flag
     "args, message",
     [
         (["--lease", "5x"], "invalid duration '5x'"),
+        (["--lease", "0"], "argument --lease: invalid duration '0': must be longer than 0"),
         (["--poll=-1s"], "invalid duration"),
+        # An idle worker would look again without pausing, forever.
+        (["--poll", "0"], "argument --poll: invalid duration '0': must be longer than 0"),
+        (["--heartbeat", "0s"], "argument --heartbeat: invalid duration '0s': must be longer than 0"),
+        (["--timeout", "0"], "argument --timeout: invalid duration '0': must be longer than 0"),
+        # 0 used to mean "no limit" without a word; leaving the flag out means that.
+        (["--max-runtime", "0"], "argument --max-runtime: invalid duration '0': must be longer than 0"),
+        (["--max-jobs", "-1"], "argument --max-jobs: invalid number '-1': must be at least 1"),
         (["--concurrency", "0"], "must be at least 1"),
-        (["--lease", "1s", "--heartbeat", "2s"], "heartbeat must be shorter"),
-        (["--import", "no.such.module"], "--import no.such.module"),
+        (["--lease", "1s", "--heartbeat", "2s"], "heartbeat must be shorter than the lease (1s)"),
+        (["--heartbeat", "20s", "--lease", "10s"], "heartbeat must be shorter than the lease (10s)"),
+        (["--heartbeat", "40s"], "heartbeat must be shorter than the lease (30s)"),  # LEASE_SECONDS
+        (["--import", "no.such.module"], "--import no.such.module: No module named 'no'"),
+        (["--bogus"], "unrecognized arguments: --bogus"),
     ],
 )
-def test_runworker_refuses_bad_flags_with_a_clear_message(args, message):
-    with pytest.raises(CommandError, match=message):
+def test_runworker_refuses_bad_flags_with_a_clear_message_and_status_2(args, message):
+    with pytest.raises(CommandError, match=re.escape(message)) as err:
         call_command("runworker", *args)
 
+    assert err.value.returncode == 2
     assert not Worker.objects.exists()
+
+
+def test_runworker_defaults_for_kinds_max_jobs_max_runtime_and_burst_come_from_settings(settings):
+    assert (worker.Options().resolved().kinds, worker.Options().resolved().burst) == ((), False)
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "WORKER_KINDS": ["echo"], "WORKER_MAX_JOBS": 7,
+                         "WORKER_MAX_RUNTIME": 60.0, "WORKER_BURST": True}
+
+    defaults = worker.Options().resolved()
+    given = worker.Options(kinds=("add",), max_jobs=1, max_runtime=5.0, burst=False).resolved()
+
+    assert (defaults.kinds, defaults.max_jobs, defaults.max_runtime, defaults.burst) == (("echo",), 7, 60.0, True)
+    assert (given.kinds, given.max_jobs, given.max_runtime, given.burst) == (("add",), 1, 5.0, False)
+
+
+def test_runworker_stops_after_the_worker_max_jobs_setting_without_a_flag(settings):
+    # WORKER_MAX_RUNTIME only bounds the test if the budget were ignored.
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "WORKER_MAX_JOBS": 2, "WORKER_MAX_RUNTIME": 20.0}
+    bulk_enqueue([{"kind": "echo", "payload": {"n": n}} for n in range(5)])
+
+    call_command("runworker", "--poll", "50ms", "--batch", "1", "--name", "budget")
+
+    assert Job.objects.completed().count() == 2
+    assert Job.objects.filter(state=State.PENDING).count() == 3
+    assert Worker.objects.get(name="budget").state == WorkerState.STOPPED
+
+
+def test_runworker_burst_and_kinds_from_settings_and_no_burst_overrides_it(settings):
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "WORKER_BURST": True, "WORKER_KINDS": ["echo"],
+                         "WORKER_MAX_RUNTIME": 20.0}
+    bulk_enqueue([{"kind": "echo"}] * 2 + [{"kind": "add", "payload": {"a": 1, "b": 1}}])
+
+    call_command("runworker", "--poll", "50ms")  # drains the echo jobs, then exits
+
+    assert list(Job.objects.completed().values_list("kind", flat=True)) == ["echo", "echo"]
+    assert Job.objects.get(kind="add").state == State.PENDING
+    started = time.monotonic()
+    call_command("runworker", "--no-burst", "--max-runtime", "1s", "--poll", "50ms")  # waits, nothing to do
+    assert time.monotonic() - started >= 1.0
 
 
 def test_work_is_runworker_under_the_seeds_name():

@@ -1,11 +1,19 @@
-from django.core.management.base import BaseCommand, CommandError
-
-from queue_app import api_auth
+"""manage.py apikey: create, list or revoke keys for the JSON API."""
+from queue_app import api_auth, cli
 from queue_app.models import ApiKey
 
 
-class Command(BaseCommand):
+class Command(cli.QueueCommand):
     help = "Create, list or revoke API keys for the JSON API (keys are stored hashed)."
+    epilog = """examples:
+  manage.py apikey create deploy-bot                # prints the key once: keep it
+  manage.py apikey create grafana --read-only
+  manage.py apikey list
+  manage.py apikey revoke deploy-bot
+  curl -H "X-API-Key: $KEY" http://127.0.0.1:8000/api/jobs
+
+Exit status 2 for a bad or duplicate name, or revoking a key that is not active
+(nothing is written)."""
 
     def add_arguments(self, parser):
         sub = parser.add_subparsers(dest="action", required=True)
@@ -31,4 +39,4 @@ class Command(BaseCommand):
                     used = key.last_used_at.isoformat() if key.last_used_at else "never"
                     self.stdout.write(f"{key.name}\t{key.prefix}…\t{status}\tlast used {used}")
         except api_auth.ApiKeyError as exc:
-            raise CommandError(str(exc)) from None
+            raise cli.bad_input(str(exc)) from None

@@ -7,8 +7,10 @@ from queue_app.exceptions import InvalidJob
 
 # Keys the JSON-document form accepts, as the Python API names them.
 DOCUMENT_KEYS = {"kind", "payload", "queue", "queue_name", "priority", "idempotency_key", "concurrency_key",
-                 "max_attempts", "run_at", "run_after", "timeout", "backoff_base", "backoff_max",
-                 "backoff_jitter"}
+                 "max_attempts", "run_at", "run_after", "timeout", "unique_for", "on_success", "on_failure",
+                 "webhook_url", "backoff_base", "backoff_max", "backoff_jitter"}
+# Flags whose value is JSON: a follow-up job template.
+TEMPLATE_FLAGS = ("on_success", "on_failure")
 BACKOFF_FLAGS = ("backoff_base", "backoff_max", "backoff_jitter")
 
 
@@ -28,6 +30,10 @@ class Command(cli.QueueCommand):
   manage.py enqueue --kind email --payload '{"to": "user@example.com"}' --priority 20
   manage.py enqueue --kind report --payload '{"values": [1, 2, 3]}' --run-after 5m --max-attempts 5
   manage.py enqueue --kind email --payload '{"to": "a@example.com"}' --idempotency-key welcome:42
+  manage.py enqueue --kind digest --idempotency-key digest:42 --unique-for 1h   # one per key per hour
+  manage.py enqueue --kind report --on-success '{"kind": "email", "payload": {"to": "boss@example.com"}}'
+  manage.py enqueue --kind report --on-failure '{"kind": "email", "priority": 50}'
+  manage.py enqueue --kind report --webhook-url https://hooks.example.com/jobs   # host in WEBHOOK_ALLOWED_HOSTS
   manage.py enqueue --kind sync --payload '{"customer": 42}' --concurrency-key customer:42
   manage.py enqueue --kind email --run-at 2026-12-01T09:00:00Z --queue mail
   manage.py enqueue --kind sync --max-attempts 8 --backoff-base 3 --backoff-max 10m --backoff-jitter
@@ -35,13 +41,25 @@ class Command(cli.QueueCommand):
   manage.py enqueue --command "echo hi"        # shell job; needs JOBQUEUE["SHELL_JOBS"] = True
   manage.py enqueue --kind email --payload '{"to": "x@example.com"}' --json
 
-durations: 500ms, 30s, 5m, 1h, 7d or plain seconds. Exit status 2 on bad input (nothing is written)."""
+durations: 500ms, 30s, 5m, 1h, 7d or plain seconds (inside --on-success/--on-failure,
+seconds only). The job document takes the same options under their Python names
+(queue or queue_name, run_after, unique_for, on_success, webhook_url, ...).
+
+--json prints one object: created (bool; false when an idempotency key matched a live job),
+job {id (int), kind, queue, state, status (str), priority (int), payload, attempts,
+max_attempts (int), idempotency_key, concurrency_key (str or null), run_at, created_at,
+started_at, finished_at (ISO 8601 or null), lease_owner, lease_expires_at, timeout (seconds
+or null), result, last_error, progress, progress_message, metadata, cancel_requested_at},
+the same job object that inspect --json lists.
+
+Exit status 2 on bad input (nothing is written)."""
 
     def add_arguments(self, parser):
         parser.add_argument("document", nargs="?", metavar="JSON",
                             help="The whole job as a JSON object: kind, payload and any option below "
                                  "(queue, priority, idempotency_key, concurrency_key, max_attempts, run_at, "
-                                 "run_after, timeout, backoff_base, backoff_max, backoff_jitter).")
+                                 "run_after, timeout, unique_for, on_success, on_failure, webhook_url, "
+                                 "backoff_base, backoff_max, backoff_jitter).")
         parser.add_argument("--kind", help="Handler that runs the job, e.g. email.")
         parser.add_argument("--payload", metavar="JSON", help="The job's JSON payload (default {}).")
         parser.add_argument("--command", metavar="SHELL",
@@ -58,13 +76,24 @@ durations: 500ms, 30s, 5m, 1h, 7d or plain seconds. Exit status 2 on bad input (
         when.add_argument("--run-at", metavar="RFC3339", help="Earliest start, e.g. 2026-12-01T09:00:00Z.")
         when.add_argument("--run-after", type=cli.duration, metavar="DURATION", help="Delay, e.g. 30s or 5m.")
         parser.add_argument("--timeout", type=cli.duration, metavar="DURATION", help="Execution limit, e.g. 2m.")
+        parser.add_argument("--unique-for", type=cli.duration, metavar="DURATION",
+                            help="With --idempotency-key: the key dedupes only this long after the first job "
+                                 "was enqueued, e.g. 1h (default: as long as that job is live).")
+        parser.add_argument("--on-success", metavar="JSON",
+                            help='Enqueue this follow-up job when this one completes: {"kind": ..., "payload": {...}, '
+                                 "options}; the parent's outcome is added to its payload under \"parent\".")
+        parser.add_argument("--on-failure", metavar="JSON",
+                            help="Enqueue this follow-up job when this one is dead-lettered (same shape).")
+        parser.add_argument("--webhook-url", metavar="URL",
+                            help="POST the outcome here when the job finishes (http or https; the host must be "
+                                 "in WEBHOOK_ALLOWED_HOSTS).")
         parser.add_argument("--backoff-base", type=number, metavar="B",
                             help=f"Retry after B ** attempt seconds, 1..100 (default {settings.BACKOFF_BASE:g}).")
         parser.add_argument("--backoff-max", type=cli.duration, metavar="DURATION",
                             help=f"Cap on one retry delay, e.g. 10m (default {settings.BACKOFF_MAX_SECONDS:g}s).")
         parser.add_argument("--backoff-jitter", action=argparse.BooleanOptionalAction, default=None,
                             help=f"Spread each retry over 0..delay (default {'on' if settings.BACKOFF_JITTER else 'off'}).")
-        parser.add_argument("--json", action="store_true", help="Print the job as JSON.")
+        parser.add_argument("--json", action="store_true", help="Print {created, job} as JSON (shape below).")
 
     def handle(self, *args, **o):
         kind, payload, options = self.request(o)
@@ -85,7 +114,7 @@ durations: 500ms, 30s, 5m, 1h, 7d or plain seconds. Exit status 2 on bad input (
         """Turn flags or the JSON document into enqueue() arguments; refuse bad input."""
         flags = {k: o[k] for k in ("kind", "payload", "command", "queue", "priority", "idempotency_key",
                                     "concurrency_key", "max_attempts", "run_at", "run_after", "timeout",
-                                    *BACKOFF_FLAGS)
+                                    "unique_for", *TEMPLATE_FLAGS, "webhook_url", *BACKOFF_FLAGS)
                  if o[k] is not None}
         if o["document"] is not None:
             if flags:
@@ -116,6 +145,10 @@ durations: 500ms, 30s, 5m, 1h, 7d or plain seconds. Exit status 2 on bad input (
             "run_at": cli.timestamp(o["run_at"]) if o["run_at"] else None,
             "run_after": o["run_after"],
             "timeout": o["timeout"],
+            "unique_for": o["unique_for"],
+            **{k: cli.json_value(o[k], "--" + k.replace("_", "-"), '{"kind": "email", "payload": {}}')
+               for k in TEMPLATE_FLAGS if o[k] is not None},
+            "webhook_url": o["webhook_url"],
             **{k: o[k] for k in BACKOFF_FLAGS},
         }
         return kind, payload, {k: v for k, v in options.items() if v is not None}
@@ -139,7 +172,7 @@ durations: 500ms, 30s, 5m, 1h, 7d or plain seconds. Exit status 2 on bad input (
             doc["queue_name"] = doc.pop("queue")
         if isinstance(doc.get("run_at"), str):
             doc["run_at"] = cli.timestamp(doc["run_at"], '"run_at"')
-        for key in ("run_after", "timeout", "backoff_max"):
+        for key in ("run_after", "timeout", "unique_for", "backoff_max"):
             if isinstance(doc.get(key), str):
                 try:
                     doc[key] = cli.durations.parse(doc[key])

@@ -1,6 +1,7 @@
-from django.core.management.base import BaseCommand, CommandError
+"""manage.py limits: per-kind concurrency and rate limits."""
+from django.db import transaction
 
-from queue_app import flow
+from queue_app import cli, flow
 from queue_app.exceptions import InvalidJob
 
 _UNSET = flow._UNSET
@@ -10,38 +11,50 @@ def _optional_int(text):
     return None if text.lower() in ("none", "off", "0") else int(text)
 
 
-class Command(BaseCommand):
+class Command(cli.QueueCommand):
     help = (
         "Show per-kind concurrency and rate limits, or change one: "
         "`limits email --concurrency 5 --rate 100 --per 60`; `limits sync --per-key 1` runs at most one "
         "job per concurrency key at a time; `--concurrency off` (or `--per-key off`) clears it."
     )
+    epilog = """examples:
+  manage.py limits                                   # every limit, with what is leased now
+  manage.py limits email --concurrency 5             # at most 5 email jobs leased at once
+  manage.py limits email --rate 100 --per 60         # at most 100 starts a minute
+  manage.py limits sync --per-key 1                  # one job per concurrency key at a time
+  manage.py limits email --concurrency off           # clear one limit
+  manage.py limits email --clear                     # clear them all
+  manage.py limits --sync                            # load JOBQUEUE["LIMITS"] first
+
+Exit status 2 on a bad value (a number below 1, a bad kind name); nothing is written."""
 
     def add_arguments(self, parser):
         parser.add_argument("kind", nargs="?", help="Kind to change; omit to list.")
-        parser.add_argument("--concurrency", type=_optional_int, default=_UNSET, help="Jobs leased at once; 'off' clears.")
-        parser.add_argument("--per-key", type=_optional_int, default=_UNSET,
+        parser.add_argument("--concurrency", type=_optional_int, default=_UNSET, metavar="N",
+                            help="Jobs leased at once; 'off' clears.")
+        parser.add_argument("--per-key", type=_optional_int, default=_UNSET, metavar="N",
                             help="Jobs leased at once per concurrency key; 'off' clears.")
-        parser.add_argument("--rate", type=_optional_int, default=_UNSET, help="Starts per period; 'off' clears.")
-        parser.add_argument("--per", type=float, default=_UNSET, help="Rate period in seconds.")
+        parser.add_argument("--rate", type=_optional_int, default=_UNSET, metavar="N",
+                            help="Starts per period; 'off' clears.")
+        parser.add_argument("--per", type=float, default=_UNSET, metavar="SECONDS", help="Rate period in seconds.")
         parser.add_argument("--clear", action="store_true", help="Remove every limit of the kind.")
         parser.add_argument("--sync", action="store_true", help="Load the LIMITS setting first.")
 
     def handle(self, *args, kind=None, concurrency=_UNSET, per_key=_UNSET, rate=_UNSET, per=_UNSET,
                clear=False, sync=False, **options):
+        if kind and not clear and concurrency is _UNSET and per_key is _UNSET and rate is _UNSET and per is _UNSET:
+            raise cli.bad_input("give --concurrency, --per-key, --rate/--per or --clear")
         try:
-            if sync:
-                self.stdout.write(f"synced {len(flow.sync_limits())} limit(s) from settings")
-            if kind and clear:
-                self.stdout.write(f"cleared {kind}" if flow.clear_limit(kind) else f"{kind} had no limits")
-            elif kind:
-                if concurrency is _UNSET and per_key is _UNSET and rate is _UNSET and per is _UNSET:
-                    raise CommandError("give --concurrency, --per-key, --rate/--per or --clear")
-                flow.set_limit(
-                    kind, concurrency=concurrency, per_key=per_key, rate_limit=rate, rate_period=per
-                )
+            # All or nothing: a bad LIMITS entry or value leaves every limit as it was.
+            with transaction.atomic():
+                if sync:
+                    self.stdout.write(f"synced {len(flow.sync_limits())} limit(s) from settings")
+                if kind and clear:
+                    self.stdout.write(f"cleared {kind}" if flow.clear_limit(kind) else f"{kind} had no limits")
+                elif kind:
+                    flow.set_limit(kind, concurrency=concurrency, per_key=per_key, rate_limit=rate, rate_period=per)
         except InvalidJob as exc:
-            raise CommandError(str(exc)) from None
+            raise cli.bad_input(str(exc)) from None
         rows = flow.limit_status()
         if not rows:
             self.stdout.write("no limits")

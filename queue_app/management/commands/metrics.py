@@ -1,10 +1,18 @@
-from django.core.management.base import BaseCommand, CommandError
+"""manage.py metrics: the Prometheus exposition, printed once or served."""
+from queue_app import cli, metrics, metrics_http
 
-from queue_app import metrics, metrics_http
 
-
-class Command(BaseCommand):
+class Command(cli.QueueCommand):
     help = "Print the queue's Prometheus metrics once, or serve them over HTTP."
+    epilog = """examples:
+  manage.py metrics --once                           # one scrape on stdout
+  manage.py metrics --once | grep jobqueue_jobs
+  manage.py metrics                                  # serve http://0.0.0.0:9090/metrics
+  manage.py metrics --addr 127.0.0.1:9100
+  curl -s http://127.0.0.1:9100/metrics
+
+Without METRICS_TOKEN only loopback clients are served (see the README). Exit status 2
+on a malformed --addr, 1 when the address cannot be listened on (e.g. the port is taken)."""
 
     def add_arguments(self, parser):
         parser.add_argument("--once", action="store_true", help="Print one scrape to stdout and exit.")
@@ -17,11 +25,13 @@ class Command(BaseCommand):
             self.stdout.write(metrics.render().decode(), ending="")
             return
         try:
-            httpd = metrics_http.server(addr)
+            metrics_http.parse_addr(addr)
         except ValueError as exc:
-            raise CommandError(str(exc)) from None
+            raise cli.bad_input(f"--addr: {exc}") from None
+        try:
+            httpd = metrics_http.server(addr)
         except OSError as exc:
-            raise CommandError(f"cannot listen on {addr}: {exc}") from None
+            raise cli.CommandError(f"cannot listen on {addr}: {exc}") from None
         host, port = httpd.server_address[:2]
         self.stdout.write(f"serving metrics on http://{host}:{port}/metrics (Ctrl-C to stop)")
         try:

@@ -1,18 +1,25 @@
-from django.core.management.base import BaseCommand, CommandError
-
-from queue_app import flow
+"""manage.py pause: hold back a queue's or a kind's pending jobs on every worker."""
+from queue_app import cli, flow
 from queue_app.exceptions import InvalidJob
 
 
-class Command(BaseCommand):
+class Command(cli.QueueCommand):
     help = "Pause a queue or a kind on every worker: its pending jobs stay pending until `resume`."
+    epilog = """examples:
+  manage.py pause --queue mail --reason "smtp down"
+  manage.py pause --kind report
+  manage.py pause --list                             # what is paused, and the jobs held back
+  manage.py resume --queue mail
+
+Running jobs finish; nothing new of that queue or kind is leased. Exit status 2 on a bad
+name (nothing is written)."""
 
     def add_arguments(self, parser):
         target = parser.add_mutually_exclusive_group()
         target.add_argument("--queue", help="Queue to pause.")
         target.add_argument("--kind", help="Kind to pause.")
         parser.add_argument("--reason", default="", help="Why; shown in the admin and dashboard.")
-        parser.add_argument("--list", action="store_true", help="List what is paused and the jobs held back.")
+        parser.add_argument("--list", action="store_true", help="List what is paused and the jobs held back (the default).")
 
     def handle(self, *args, queue=None, kind=None, reason="", list=False, **options):
         if list or (queue is None and kind is None):
@@ -25,6 +32,6 @@ class Command(BaseCommand):
         try:
             _, created = flow.pause(queue=queue, kind=kind, actor="manage.py", reason=reason)
         except InvalidJob as exc:
-            raise CommandError(str(exc)) from None
+            raise cli.bad_input(str(exc)) from None
         what = f"queue {queue}" if queue else f"kind {kind}"
         self.stdout.write(f"paused {what}" if created else f"{what} was already paused")

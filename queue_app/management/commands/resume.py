@@ -1,11 +1,16 @@
-from django.core.management.base import BaseCommand, CommandError
-
-from queue_app import flow
+"""manage.py resume: let a paused queue's or kind's jobs be leased again."""
+from queue_app import cli, flow
 from queue_app.exceptions import InvalidJob
 
 
-class Command(BaseCommand):
+class Command(cli.QueueCommand):
     help = "Resume a paused queue or kind."
+    epilog = """examples:
+  manage.py resume --queue mail
+  manage.py resume --kind report
+  manage.py pause --list                             # what is paused now
+
+Exit status 2 on a bad name or one that is not paused (nothing is written)."""
 
     def add_arguments(self, parser):
         target = parser.add_mutually_exclusive_group(required=True)
@@ -16,8 +21,8 @@ class Command(BaseCommand):
         try:
             resumed = flow.resume(queue=queue, kind=kind)
         except InvalidJob as exc:
-            raise CommandError(str(exc)) from None
+            raise cli.bad_input(str(exc)) from None
         what = f"queue {queue}" if queue else f"kind {kind}"
         if not resumed:
-            raise CommandError(f"{what} is not paused")
+            raise cli.bad_input(f"{what} is not paused; `manage.py pause --list` shows what is")
         self.stdout.write(f"resumed {what}")

@@ -1,11 +1,21 @@
-from django.core.management.base import BaseCommand, CommandError
+"""manage.py schedules: the cron schedules and when each runs next."""
+from django.db import transaction
 
-from queue_app import scheduling
+from queue_app import cli, scheduling
 from queue_app.exceptions import InvalidJob
 
 
-class Command(BaseCommand):
+class Command(cli.QueueCommand):
     help = "List cron schedules with their next run (--sync first writes the SCHEDULES setting)."
+    epilog = """examples:
+  manage.py schedules
+  manage.py schedules --sync                         # load JOBQUEUE["SCHEDULES"] first
+
+  JOBQUEUE = {"SCHEDULES": {"nightly-report": {"cron": "0 2 * * *", "kind": "report",
+                                               "timezone": "Europe/Paris"}}}
+
+Workers tick the schedules (SCHEDULE_INTERVAL) and sync them when they start. Exit status 2
+when --sync finds a bad schedule in the setting (nothing is written)."""
 
     def add_arguments(self, parser):
         parser.add_argument("--sync", action="store_true", help="Load SCHEDULES from settings first.")
@@ -13,9 +23,11 @@ class Command(BaseCommand):
     def handle(self, *args, sync=False, **options):
         if sync:
             try:
-                names = scheduling.sync_schedules()
+                # One bad entry leaves every schedule as it was.
+                with transaction.atomic():
+                    names = scheduling.sync_schedules()
             except InvalidJob as exc:
-                raise CommandError(str(exc)) from None
+                raise cli.bad_input(str(exc)) from None
             self.stdout.write(f"synced {len(names)} schedule(s) from settings")
         rows = scheduling.overview()
         if not rows:

@@ -1,30 +1,34 @@
 """manage.py stopworkers: ask workers on any host to shut down gracefully."""
 import time
 
-from django.core.management.base import BaseCommand, CommandError
-
-from queue_app import workers
-from queue_app.cli import duration
+from queue_app import cli, workers
 from queue_app.models import Worker, WorkerState
 
 
-class Command(BaseCommand):
+class Command(cli.QueueCommand):
     help = (
         "Ask running workers (all, or those named) to stop: they stop leasing, finish claimed jobs "
         "within their grace period and release the rest. The request is stored in the database."
     )
+    epilog = """examples:
+  manage.py stopworkers                              # every running worker, on every host
+  manage.py stopworkers --worker web1:4242:a1b2      # one (names as `manage.py workers` lists them)
+  manage.py stopworkers --wait 1m                    # and wait until they have stopped
+
+Exit status 2 if a named worker is not running (nobody is asked), 1 if --wait runs out
+before every worker asked has stopped."""
 
     def add_arguments(self, parser):
         parser.add_argument("--worker", action="append", dest="names", metavar="NAME",
                             help="Stop only this worker (repeatable). Default: all running workers.")
-        parser.add_argument("--wait", type=duration, metavar="DURATION",
+        parser.add_argument("--wait", type=cli.duration, metavar="DURATION",
                             help="Wait up to this long for them to stop; exit 1 if some have not.")
 
     def handle(self, *args, **o):
         try:
             asked = workers.request_stop(o["names"])
         except LookupError as exc:
-            raise CommandError(str(exc)) from None
+            raise cli.bad_input(f"{exc}; `manage.py workers` lists the running ones") from None
         if not asked:
             self.stdout.write("no workers running")
             return
@@ -38,4 +42,4 @@ class Command(BaseCommand):
                     self.stdout.write(f"{len(asked)} worker(s) stopped")
                     return
                 time.sleep(0.1)
-            raise CommandError("some workers had not stopped when --wait ran out")
+            raise cli.CommandError("some workers had not stopped when --wait ran out")

@@ -1,20 +1,21 @@
+"""manage.py web: serve the admin, dashboard, API and static files with gunicorn."""
 import os
 import re
 import sys
 
 from django.core.management import call_command
-from django.core.management.base import BaseCommand, CommandError
 
+from queue_app import cli
 from queue_app.conf import settings
 
 ADDR_RE = re.compile(r"^(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9.\-]*):(?P<port>\d{1,5})$")
 
 
 def parse_addr(addr):
-    """':8080' -> '0.0.0.0:8080'; 'host:port' as given. Raise CommandError when malformed."""
+    """':8080' -> '0.0.0.0:8080'; 'host:port' as given. Raise a bad-input CommandError when malformed."""
     m = ADDR_RE.match(addr or "")
     if not m or not 0 < int(m["port"]) < 65536:
-        raise CommandError(f"--addr {addr!r} is not HOST:PORT or :PORT (e.g. 127.0.0.1:8000 or :8080)")
+        raise cli.bad_input(f"--addr {addr!r} is not HOST:PORT or :PORT (e.g. 127.0.0.1:8000 or :8080)")
     return f"{m['host'] or '0.0.0.0'}:{int(m['port'])}"
 
 
@@ -31,20 +32,30 @@ def gunicorn_argv(addr, *, workers=None, timeout=None):
     ]
 
 
-class Command(BaseCommand):
-    help = "Serve the admin, dashboard and static files with gunicorn."
+class Command(cli.QueueCommand):
+    help = "Serve the admin, dashboard, JSON API and static files with gunicorn."
+    epilog = """examples:
+  manage.py web                                      # on WEB_ADDR (default 127.0.0.1:8000)
+  manage.py web --addr :8080                         # every interface, port 8080
+  manage.py web --addr 127.0.0.1:8000 --workers 4 --timeout 120
+  manage.py web --no-collectstatic                   # STATIC_ROOT is already collected
+  manage.py createsuperuser                          # then log in at /admin/ and /dashboard/
+
+Exit status 2 on a malformed --addr or a number below 1; gunicorn's own status otherwise
+(e.g. 1 when the port is taken)."""
 
     def add_arguments(self, parser):
-        parser.add_argument("--addr", default=settings.WEB_ADDR, help="HOST:PORT or :PORT (all interfaces)")
-        parser.add_argument("--workers", type=int, default=None, help="gunicorn worker processes")
-        parser.add_argument("--timeout", type=int, default=None, help="seconds before a request is killed")
+        parser.add_argument("--addr", default=settings.WEB_ADDR,
+                            help=f"HOST:PORT, or :PORT for all interfaces (default {settings.WEB_ADDR}).")
+        parser.add_argument("--workers", type=cli.positive_int, default=None, metavar="N",
+                            help=f"gunicorn worker processes (default {settings.WEB_WORKERS}).")
+        parser.add_argument("--timeout", type=cli.positive_int, default=None, metavar="SECONDS",
+                            help=f"Seconds before a request is killed (default {settings.WEB_TIMEOUT}).")
         parser.add_argument(
-            "--no-collectstatic", action="store_true", help="serve STATIC_ROOT as it is, without collecting first"
+            "--no-collectstatic", action="store_true", help="Serve STATIC_ROOT as it is, without collecting first."
         )
 
     def handle(self, *args, addr, workers, timeout, no_collectstatic, **options):
-        if workers is not None and workers < 1:
-            raise CommandError("--workers must be at least 1")
         argv = gunicorn_argv(addr, workers=workers, timeout=timeout)
         if not no_collectstatic:
             # whitenoise serves what collectstatic gathered; gathering is quick and idempotent.

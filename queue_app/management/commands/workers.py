@@ -1,22 +1,29 @@
 """manage.py workers: list registered workers with the age of their heartbeat."""
-import json
-
-from django.core.management.base import BaseCommand
-
-from queue_app import durations, workers
+from queue_app import cli, durations, workers
 
 
-class Command(BaseCommand):
+class Command(cli.QueueCommand):
     help = "List registered workers; one whose heartbeat is stale shows as lost."
+    epilog = """examples:
+  manage.py workers
+  manage.py workers --all                            # stopped ones too
+  manage.py workers --json | jq '.[] | select(.status == "lost") | .name'
+  manage.py stopworkers --worker NAME                # then stop one
+
+A worker is lost when its heartbeat is older than HEALTH_WORKER_STALE_SECONDS.
+--json prints a list (newest first) of {name, host (str), pid (int), status (running,
+stopping, lost or stopped), queues [str], kinds [str] ([] means every kind), concurrency,
+threads, jobs_in_hand, jobs_done (int), started_at (ISO 8601), heartbeat_age (seconds,
+float), stop_requested (bool)}."""
 
     def add_arguments(self, parser):
         parser.add_argument("--all", action="store_true", help="Include workers that have stopped.")
-        parser.add_argument("--json", action="store_true", help="Print JSON.")
+        parser.add_argument("--json", action="store_true", help="Print JSON (shape below).")
 
     def handle(self, *args, **o):
         rows = workers.listing(include_stopped=o["all"])
         if o["json"]:
-            self.stdout.write(json.dumps(rows, indent=2))
+            self.stdout.write(cli.dumps(rows))
             return
         if not rows:
             self.stdout.write("no workers running")
