@@ -62,9 +62,10 @@ def test_stopworkers_from_another_process_stops_a_running_worker():
     wait_for(lambda: Worker.objects.filter(name="cli-stop", state=WorkerState.RUNNING).exists(),
              timeout=20, what="the worker to register")
 
-    stopper = manage("stopworkers", "--worker", "cli-stop", "--wait", "15s")
-    stop_code, stop_out = finish(stopper)
-    code, out = finish(proc)
+    # Generous waits: CI runs four suites at once on two cores.
+    stopper = manage("stopworkers", "--worker", "cli-stop", "--wait", "50s")
+    stop_code, stop_out = finish(stopper, within=60)
+    code, out = finish(proc, within=60)
 
     assert stop_code == 0, stop_out
     assert "stop requested: cli-stop" in stop_out
