@@ -32,6 +32,8 @@ log = logging.getLogger("queue_app")
 
 # Longest a finished job waits for its batched acknowledgement while others run.
 ACK_DELAY = 0.05
+# Failed claims in a row after which a --burst worker gives up instead of retrying.
+BURST_CLAIM_RETRIES = 5
 
 
 @dataclass(frozen=True)
@@ -200,7 +202,9 @@ class Loop:
                             self.buffered[job.id] = self.slots.hold_buffered(job.id, job.attempts)
                     self.buffer.extend(jobs)
                     continue
-                if self.options.burst:
+                # A burst worker leaves when the queue is empty, not when one claim
+                # failed: it retries a few polls first, as a long-running one retries always.
+                if self.options.burst and not 0 < self.claim_errors < BURST_CLAIM_RETRIES:
                     return None
                 self.waiter.wait(self.options.poll, self.stopping)
             return None

@@ -376,3 +376,34 @@ def _listening():
             " AND pid <> pg_backend_pid() AND query ILIKE 'LISTEN%%'"
         )
         return cursor.fetchone()[0] > 0
+
+
+def test_an_acknowledgement_whose_combined_claim_fails_is_still_recorded_once(monkeypatch):
+    """At --batch 1 a finished job's acknowledgement rides in the next claim's transaction
+    (transitions.complete_and_claim). When that transaction fails, both roll back: the
+    worker must then acknowledge on its own, and retry the claim, losing and repeating
+    nothing."""
+    import multiprocessing
+
+    from queue_app.slots import Budget, Slots
+
+    jobs = bulk_enqueue([{"kind": "echo", "payload": {"n": n}} for n in range(3)])
+    real_claim, calls = transitions.claim, []
+
+    def flaky_claim(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:  # the first claim that carries an acknowledgement
+            raise RuntimeError("injected: the claim's transaction fails")
+        return real_claim(*args, **kwargs)
+
+    monkeypatch.setattr(transitions, "claim", flaky_claim)
+    options = worker.Options(batch=1, burst=True, concurrency=1, poll=0.01).resolved()
+    loop = worker.Loop(options, "in-process/0.1", Slots(1, 4, buffered=1),
+                       Budget(multiprocessing.get_context("fork"), None))
+    loop.run()
+
+    assert len(calls) >= 4  # the failed one was retried
+    for job in jobs:
+        job.refresh_from_db()
+        assert job.state == State.COMPLETED
+        assert events(job) == [EventType.ENQUEUED, EventType.CLAIMED, EventType.COMPLETED]
