@@ -14,11 +14,14 @@ MariaDB has neither, so an idle child there reads the newest event id every
 MARIADB_WAKE_INTERVAL: every edge that makes a job ready (enqueue, requeue, retry
 now, lease recovery) appends an event in the same transaction, so the id moves on
 commit, and MAX() of the primary key is a single index read ("Select tables optimized
-away"). A job whose retry or schedule comes due later is found by the ordinary poll."""
+away"). Ids are handed out at insert, not at commit, so an enqueue that commits after a
+later insert moved MAX() already, or between the empty claim and the first look, is
+found by the ordinary poll instead: the poll interval stays the worst case. So is a job
+whose retry or schedule comes due later."""
 import logging
 import time
 
-from django.db import connection
+from django.db import close_old_connections, connection
 
 from queue_app.conf import settings
 
@@ -52,26 +55,42 @@ class Waiter:
 
 class PgWaiter(Waiter):
     def __init__(self, channel):
+        self.channel = channel
+        self.conn = None
+        self._connect()
+
+    def _connect(self):
         import psycopg
 
         params = connection.get_connection_params()
         params.pop("cursor_factory", None)
         self.conn = psycopg.Connection.connect(**params, autocommit=True)
-        self.conn.execute(f'LISTEN "{channel}"')
+        self.conn.execute(f'LISTEN "{self.channel}"')
 
     def wait(self, seconds, stopping):
         # Short slices so a stop request is seen within a fraction of a second.
         end = time.monotonic() + seconds
-        while not stopping.is_set():
-            left = end - time.monotonic()
-            if left <= 0:
-                return
-            for _ in self.conn.notifies(timeout=min(left, 0.25), stop_after=1):
-                return
+        try:
+            if self.conn is None:
+                self._connect()
+            while not stopping.is_set():
+                left = end - time.monotonic()
+                if left <= 0:
+                    return
+                for _ in self.conn.notifies(timeout=min(left, 0.25), stop_after=1):
+                    return
+        except Exception as exc:
+            # The server went away (restart, failover): sleep out this wait as a plain
+            # poll and LISTEN again next time. Raising would end the worker thread.
+            log.warning("LISTEN connection lost (%s); polling until it is back", exc)
+            self.close()
+            self.conn = None
+            stopping.wait(max(0.0, end - time.monotonic()))
 
     def close(self):
         try:
-            self.conn.close()
+            if self.conn is not None:
+                self.conn.close()
         except Exception:
             pass
 
@@ -93,12 +112,16 @@ class SqliteWaiter(Waiter):
         end = time.monotonic() + seconds
         try:
             seen = self._version()
-        except Exception:
-            stopping.wait(seconds)
-            return
-        while not stopping.wait(min(self.interval, max(0.0, end - time.monotonic()))):
-            if time.monotonic() >= end or self._version() != seen:
-                return
+            while not stopping.wait(min(self.interval, max(0.0, end - time.monotonic()))):
+                if time.monotonic() >= end or self._version() != seen:
+                    return
+        except Exception as exc:
+            # The database went away: sleep out this wait as a plain poll (the next
+            # claim retries it). Raising would end the worker thread.
+            log.warning("wake-up check failed (%s); polling", exc)
+            close_old_connections()
+            connection.close()
+            stopping.wait(max(0.0, end - time.monotonic()))
 
 
 class MariadbWaiter(SqliteWaiter):

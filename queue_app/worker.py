@@ -206,7 +206,11 @@ class Loop:
                 # failed: it retries a few polls first, as a long-running one retries always.
                 if self.options.burst and not 0 < self.claim_errors < BURST_CLAIM_RETRIES:
                     return None
-                self.waiter.wait(self.options.poll, self.stopping)
+                try:
+                    self.waiter.wait(self.options.poll, self.stopping)
+                except Exception:  # the waiters handle their own; never lose the thread
+                    log.exception("waiting for work failed worker=%s", self.owner)
+                    self.stopping.wait(self.options.poll)
             return None
 
     def _run(self, i, job):
