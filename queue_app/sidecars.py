@@ -72,6 +72,9 @@ def _die_with_parent():
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+    # An ignored SIGINT survives exec (a shell ignores it for background jobs), and
+    # _stop() stops the servers with SIGINT.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _start(what, args, addr):

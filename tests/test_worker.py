@@ -397,6 +397,8 @@ def test_an_acknowledgement_whose_combined_claim_fails_is_still_recorded_once(mo
         return real_claim(*args, **kwargs)
 
     monkeypatch.setattr(transitions, "claim", flaky_claim)
+    # Loop.run() sets a child's signal handlers: keep pytest's own.
+    monkeypatch.setattr(worker.signal, "signal", lambda *args: None)
     options = worker.Options(batch=1, burst=True, concurrency=1, poll=0.01).resolved()
     loop = worker.Loop(options, "in-process/0.1", Slots(1, 4, buffered=1),
                        Budget(multiprocessing.get_context("fork"), None))
