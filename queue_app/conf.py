@@ -37,7 +37,7 @@ DEFAULTS = {
     # kind -> "dotted.path.to.callable", merged into the handler registry at start-up.
     "HANDLERS": {},
     # Fault injection (faults.py): kind -> FaultPlan options, e.g. {"email": {"seed": 7,
-    # "error": 0.1, "delay": [0.05, 0.2]}}; wraps that kind's handler at start-up.
+    # "error": 0.1, "delay": [0.05, 0.2]}}; wraps that kind's handler wherever it is looked up.
     "FAULTS": {},
     # A kind nobody registered may name a django.tasks Task (``myapp.tasks.send``); only
     # modules inside these packages are imported to find one. None means the packages of

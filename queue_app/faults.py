@@ -6,8 +6,8 @@
     # attempt first waits 50-200 ms; seed 7 picks which attempts.
     registry.register("email", faults.inject(samples.email, seed=7, error=0.1, crash=0.05, delay=(0.05, 0.2)))
 
-or, without code, ``JOBQUEUE["FAULTS"] = {"email": {"seed": 7, "error": 0.1}}`` (applied
-to the registered handler when the app starts).
+or, without code, ``JOBQUEUE["FAULTS"] = {"email": {"seed": 7, "error": 0.1}}`` (checked
+at start-up, applied whenever the kind's handler is looked up: registry.get -> applied()).
 
 Each decision comes from (seed, job id, attempt) through its own ``random.Random``, never
 the global generator: the same attempt of the same job meets the same fault in every
@@ -194,25 +194,44 @@ def _wrap(func, plan):
 
 
 def _identify(kwargs, calls):
-    """(job id, attempt) of the running job: the ``job`` argument, else the worker's
-    current job, else (None, n) for the n-th call of this wrapper outside any job."""
-    job = kwargs.get("job")
-    if job is not None:
-        return job.id, job.attempts
+    """(job id, attempt) of the running job: the worker's current job, else a ``job``
+    argument (a direct call), else (None, n) for the n-th call outside any job. The
+    worker's own record first: a Task's function may have a ``job`` parameter of its own."""
     try:
         ctx = running.current_job()
     except LookupError:
+        job = kwargs.get("job")
+        if job is not None and hasattr(job, "attempts"):
+            return job.id, job.attempts
         return None, next(calls)
     return ctx.job_id, ctx.attempt
 
 
 def configure(specs=None):
-    """Wrap the handlers ``JOBQUEUE["FAULTS"]`` names (kind -> FaultPlan options; an
-    ``exception`` may be a dotted path)."""
-    from queue_app import registry
-    from queue_app.exceptions import UnknownKind
+    """Check ``JOBQUEUE["FAULTS"]`` (kind -> FaultPlan options; an ``exception`` may be a
+    dotted path) at start-up, so a mistake stops the process with a message saying where.
 
+    The plans apply when a handler is looked up (registry.get -> applied()), not by
+    re-registering: a kind registered later (``runworker --import``, an ``@handler``
+    module imported on first use) or registered again is wrapped all the same."""
+    from queue_app import registry
+
+    for kind in plans(specs):
+        if kind not in registry.kinds() and "." not in kind:
+            log.warning('JOBQUEUE["FAULTS"] names %r, which no handler is registered for yet', kind)
+
+
+_plans = (None, {})
+_wrapped = {}
+
+
+def plans(specs=None):
+    """{kind: FaultPlan} from ``specs`` (default: the FAULTS setting, parsed once per value)."""
+    global _plans
     specs = settings.FAULTS if specs is None else specs
+    if _plans[0] is specs:
+        return _plans[1]
+    built = {}
     for kind, options in (specs or {}).items():
         where = f'JOBQUEUE["FAULTS"][{kind!r}]'
         if not isinstance(options, dict):
@@ -220,11 +239,23 @@ def configure(specs=None):
         try:
             if isinstance(options.get("exception"), str):
                 options = {**options, "exception": import_string(options["exception"])}
-            plan = FaultPlan(**options)
+            built[kind] = FaultPlan(**options)
         except (ImportError, TypeError, ValueError) as exc:
             raise ImproperlyConfigured(f"{where}: {exc}") from exc
-        try:
-            handler = registry.get(kind)
-        except UnknownKind as exc:
-            raise ImproperlyConfigured(f"{where}: {exc}") from exc
-        registry.register(kind, inject(handler, plan))
+    _plans = (specs, built)
+    return built
+
+
+def applied(kind, handler):
+    """``handler`` wrapped with ``kind``'s FaultPlan from the FAULTS setting, if it has one
+    (the same wrapper each time for the same handler and plan)."""
+    if not settings.FAULTS:
+        return handler
+    plan = plans().get(kind)
+    if plan is None or plan_of(handler) is plan:
+        return handler
+    key = (kind, id(handler), id(plan))
+    entry = _wrapped.get(key)
+    if entry is None or entry[0] is not handler:
+        entry = _wrapped[key] = (handler, inject(handler, plan))
+    return entry[1]

@@ -14,6 +14,7 @@ from django.apps import apps
 from django.tasks import Task
 from django.utils.module_loading import import_string
 
+from queue_app import faults
 from queue_app.conf import project_packages, settings
 from queue_app.exceptions import UnknownKind
 
@@ -40,11 +41,13 @@ def unregister(kind):
 
 
 def get(kind):
-    """Return the handler for ``kind`` (a registered function or a Task) or raise UnknownKind."""
+    """Return the handler for ``kind`` (a registered function or a Task) or raise
+    UnknownKind; wrapped with its fault plan when JOBQUEUE["FAULTS"] names the kind."""
     try:
-        return _handlers[kind]
+        found = _handlers[kind]
     except KeyError:
-        return task_for(kind)
+        found = task_for(kind)
+    return faults.applied(kind, found)
 
 
 class UnknownTask(UnknownKind):
@@ -123,6 +126,4 @@ def _declares_job(func):
 def load_configured_handlers():
     for kind, path in (settings.HANDLERS or {}).items():
         register(kind, import_string(path) if isinstance(path, str) else path)
-    from queue_app import faults  # imports the models: not at module level
-
     faults.configure()

@@ -231,8 +231,21 @@ def test_faults_setting_wraps_the_registered_handler(settings):
         wrapped({}, job=job(1, 1))
 
 
+def test_faults_setting_wraps_a_kind_registered_after_start_up_and_registered_again(settings):
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "FAULTS": {"late": {"seed": 1, "error": 1.0}}}
+    faults.configure()  # nothing registered as "late" yet: a warning, not an error
+    try:
+        registry.register("late", handlers.echo)
+        with pytest.raises(faults.InjectedFault):
+            registry.get("late")({}, job=job(1, 1))
+        registry.register("late", handlers.add)  # registered again: still wrapped
+        assert faults.original(registry.get("late")) is handlers.add
+        assert registry.get("late") is registry.get("late")  # one wrapper, not one per lookup
+    finally:
+        registry.unregister("late")
+
+
 @pytest.mark.parametrize("spec, message", [
-    ({"nosuchkind": {"error": 0.1}}, r"\['nosuchkind'\]: no handler registered"),
     ({"echo": {"error": 2}}, r"\['echo'\]: error must be a rate"),
     ({"echo": {"eror": 0.1}}, r"\['echo'\]: .*unexpected keyword argument 'eror'"),
     ({"echo": 0.1}, r"must be a dict of FaultPlan options"),
