@@ -34,8 +34,8 @@ if [ "${JOBQUEUE_TEST_DJANGO60:-}" = 1 ]; then
     stamp="$V/.requirements.$(cat requirements.txt requirements-mariadb.txt | sha256sum | cut -c1-16)"
     if [ ! -f "$stamp" ]; then
         grep -v '^Django==' requirements.txt >"$V/requirements-django60.txt"
-        $V/bin/python -m pip install -q --disable-pip-version-check -r "$V/requirements-django60.txt" "Django>=6.0,<6.1"
-        rm -f $V/.requirements.*; touch "$stamp"
+        $V/bin/python -m pip install -q --disable-pip-version-check -r "$V/requirements-django60.txt" "Django>=6.0,<6.1" \
+            && rm -f $V/.requirements.* && touch "$stamp"
     fi
     URLS[sqlite-django60]="sqlite:///queue.db"
     PYS[sqlite-django60]="$V/bin/python"

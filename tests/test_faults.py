@@ -182,7 +182,7 @@ def test_async_handler_stays_async_and_delays_without_blocking_its_loop():
     assert asyncio.iscoroutinefunction(wrapped)
     results, took = asyncio.run(both())
     assert results == [{"n": 1}, {"n": 2}]
-    assert 0.2 <= took < 0.35  # the two waits overlapped
+    assert 0.2 <= took < 0.4  # the two waits overlapped (one after the other takes 0.4)
     with pytest.raises(faults.InjectedFault):
         asyncio.run(faults.inject(handlers.async_echo, error=1.0)({}))
 

@@ -359,8 +359,12 @@ def test_idle_worker_wakes_on_an_enqueue_long_before_its_poll():
         wait_for(lambda: Worker.objects.filter(state=WorkerState.RUNNING).exists(), what="the worker")
         if connection.vendor == "postgresql":
             wait_for(_listening, what="the worker's child to LISTEN")
-        else:
-            time.sleep(1.5)  # past its first (empty) claim and into the 30 s wait
+        # A first job proves the child is claiming; after it the child's next claim finds
+        # nothing and it settles into the 30 s wait.
+        probe = enqueue("echo", {"n": 0})
+        wait_for(lambda: Job.objects.filter(id=probe.id, state=State.COMPLETED).exists(), timeout=30,
+                 what="the probe job")
+        time.sleep(0.5)
         job = enqueue("echo", {"n": 1})
         wait_for(lambda: Job.objects.filter(id=job.id, state=State.COMPLETED).exists(), timeout=5,
                  what="the job to complete without waiting for the 30s poll")
