@@ -177,6 +177,18 @@ def test_a_batch_claim_never_takes_more_than_per_key_of_one_key():
     assert transitions.claim("w2", limit=10) == []
 
 
+def test_keys_are_exact_strings_on_every_database():
+    """MariaDB compares by collation ("A" = "a" = "a "); keys must not."""
+    flow.set_limit("echo", per_key=1)
+    JobFactory(kind="echo", concurrency_key="A", leased=True)
+    for key in ("a", "a ", "A"):
+        JobFactory(kind="echo", concurrency_key=key)
+    assert flow.leased_per_key("echo") == {"A": 1}
+    jobs = transitions.claim("w1", limit=10)
+    assert claimed_keys(jobs) == ["a", "a "]  # "A" is at its limit; the others are other keys
+    assert transitions.claim("w2", limit=10) == []
+
+
 def test_per_key_and_concurrency_hold_together():
     flow.set_limit("echo", concurrency=3, per_key=1)
     for key in "abcd":
