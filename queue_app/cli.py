@@ -99,14 +99,20 @@ def positive_duration(text):
     return value
 
 
-def positive_int(text):
+def _at_least_one(text, not_a_number, too_small):
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid number {text!r}: expected a whole number") from None
+        raise argparse.ArgumentTypeError(not_a_number) from None
     if value < 1:
-        raise argparse.ArgumentTypeError(f"invalid number {text!r}: must be at least 1")
+        raise argparse.ArgumentTypeError(too_small)
     return value
+
+
+def positive_int(text):
+    return _at_least_one(
+        text, f"invalid number {text!r}: expected a whole number", f"invalid number {text!r}: must be at least 1"
+    )
 
 
 def integer(text):
@@ -117,13 +123,8 @@ def integer(text):
 
 
 def job_id(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid job id {text!r}: expected a positive whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"invalid job id {text!r}: expected a positive whole number")
-    return value
+    message = f"invalid job id {text!r}: expected a positive whole number"
+    return _at_least_one(text, message, message)
 
 
 def json_value(text, what="--payload", example='{"to": "user@example.com"}'):
