@@ -95,10 +95,10 @@ class PgWaiter(Waiter):
             pass
 
 
-class SqliteWaiter(Waiter):
-    # data_version is per connection: it moves for commits by *other* connections,
-    # which is what an enqueue is. The worker's own claims do not wake it.
-    VERSION = "PRAGMA data_version"
+class VersionWaiter(Waiter):
+    """Look at a value that moves when work may have arrived (VERSION) every ``interval``."""
+
+    VERSION = None
 
     def __init__(self, interval):
         self.interval = interval
@@ -124,5 +124,11 @@ class SqliteWaiter(Waiter):
             stopping.wait(max(0.0, end - time.monotonic()))
 
 
-class MariadbWaiter(SqliteWaiter):
+class SqliteWaiter(VersionWaiter):
+    # data_version is per connection: it moves for commits by *other* connections,
+    # which is what an enqueue is. The worker's own claims do not wake it.
+    VERSION = "PRAGMA data_version"
+
+
+class MariadbWaiter(VersionWaiter):
     VERSION = "SELECT MAX(id) FROM queue_app_event"
