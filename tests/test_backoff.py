@@ -44,29 +44,25 @@ def _retry_now(job):
 
 
 @pytest.mark.django_db
-def test_a_job_retries_after_its_own_base_to_the_power_of_the_attempt(settings):
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        # Its own base to the power of the attempt.
+        ({"backoff_base": 10}, [10.0, 100.0, 1000.0]),
+        # Capped at its own backoff_max.
+        ({"backoff_base": 10, "backoff_max": timedelta(seconds=30)}, [10.0, 30.0, 30.0]),
+    ],
+)
+def test_a_jobs_own_backoff_beats_the_settings(settings, overrides, expected):
     settings.JOBQUEUE = {**settings.JOBQUEUE, "BACKOFF_BASE": 2, "BACKOFF_MAX_SECONDS": 3600, "BACKOFF_JITTER": False}
-    job = enqueue("backoff-own-base", max_attempts=5, backoff_base=10)
+    job = enqueue("backoff-own", max_attempts=5, **overrides)
     delays = []
     for _ in range(3):
         waited, delay, job = _fail_once(job)
         assert waited == pytest.approx(delay, abs=0.001)
         delays.append(delay)
         _retry_now(job)
-    assert delays == [10.0, 100.0, 1000.0]
-
-
-@pytest.mark.django_db
-def test_a_job_caps_its_delay_at_its_own_backoff_max(settings):
-    settings.JOBQUEUE = {**settings.JOBQUEUE, "BACKOFF_BASE": 2, "BACKOFF_MAX_SECONDS": 3600, "BACKOFF_JITTER": False}
-    job = enqueue("backoff-own-cap", max_attempts=5, backoff_base=10, backoff_max=timedelta(seconds=30))
-    delays = []
-    for _ in range(3):
-        waited, delay, job = _fail_once(job)
-        assert waited == pytest.approx(delay, abs=0.001)
-        delays.append(delay)
-        _retry_now(job)
-    assert delays == [10.0, 30.0, 30.0]
+    assert delays == expected
 
 
 @pytest.mark.django_db
