@@ -163,6 +163,20 @@ def table(*headers, title=None):
     return t
 
 
+def states_table(states):
+    """The "Jobs by state" table of `inspect` and `status`."""
+    t = table("STATE", "JOBS", title="Jobs by state")
+    for state, n in states.items():
+        t.add_row(state, str(n))
+    return t
+
+
+def pending_summary(p):
+    """One line on the pending jobs (inspection's "pending" dict)."""
+    return (f"pending: {p['ready']} ready, {p['scheduled']} scheduled, {p['retrying']} retrying; "
+            f"oldest ready job waited {p['oldest_ready_seconds']:.1f}s")
+
+
 def when(value):
     """A datetime as the tables show it: UTC, to the millisecond."""
     if value is None:

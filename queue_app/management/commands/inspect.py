@@ -38,12 +38,8 @@ retrying, oldest_ready_seconds}}, jobs [job...], events [event...]; times are IS
             self.stdout.write(cli.dumps(data))
             return
         console = self.console()
-        counts = cli.table("STATE", "JOBS", title="Jobs by state")
-        for state, n in data["states"].items():
-            counts.add_row(state, str(n))
-        p = data["pending"]
-        counts.caption = (f"pending: {p['ready']} ready, {p['scheduled']} scheduled, {p['retrying']} retrying; "
-                          f"oldest ready job waited {p['oldest_ready_seconds']:.1f}s")
+        counts = cli.states_table(data["states"])
+        counts.caption = cli.pending_summary(data["pending"])
         counts.caption_justify = "left"
         console.print(counts)
         render_jobs(console, data["jobs"])

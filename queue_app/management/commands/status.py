@@ -21,13 +21,9 @@ throughput {last_minute, last_hour: {completed, failed, per_minute}}."""
             self.stdout.write(cli.dumps(data))
             return
         console = self.console()
-        t = cli.table("STATE", "JOBS", title="Jobs by state")
-        for state, n in data["states"].items():
-            t.add_row(state, str(n))
-        console.print(t)
-        p, w = data["pending"], data["workers"]
-        console.print(f"pending: {p['ready']} ready, {p['scheduled']} scheduled, {p['retrying']} retrying; "
-                      f"oldest ready job waited {p['oldest_ready_seconds']:.1f}s")
+        console.print(cli.states_table(data["states"]))
+        w = data["workers"]
+        console.print(cli.pending_summary(data["pending"]))
         console.print(f"workers: {w['running']} running, {w['stopping']} stopping, {w['lost']} lost; "
                       f"{w['jobs_in_hand']} jobs in hand")
         console.print(f"dead letters open: {data['dead_letters_open']}")
