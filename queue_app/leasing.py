@@ -85,9 +85,6 @@ def _adapt(connection, value):
 
 # The columns claim()'s exclusions apply to, in the order of its ``excl`` tuple.
 _EXCLUDED = ("queue_name", "kind", "concurrency_key")
-# MariaDB compares strings by collation: case-blind, trailing spaces ignored. Concurrency
-# keys are exact strings, as on the other vendors and in flow.py's per-key count.
-_BINARY_KEY = "BINARY concurrency_key"
 
 
 def _excluding(ref, condition):
@@ -226,8 +223,7 @@ def _claim_mysql(connection, owner, limit, scan, now, expires, queues, kinds, ag
                     p.extend(kinds)
                 for column, names in zip(_EXCLUDED, excl):
                     if names:
-                        ref = _BINARY_KEY if column == "concurrency_key" else column
-                        cond += f" AND {_excluding(ref, f'{ref} NOT IN ({_marks(names)})')}"
+                        cond += f" AND {_excluding(column, f'{column} NOT IN ({_marks(names)})')}"
                         p.extend(names)
                 parts.append(
                     f"(SELECT id, priority, run_at, created_at FROM {TABLE} WHERE {cond}"

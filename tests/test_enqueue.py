@@ -366,3 +366,11 @@ def test_a_run_at_in_the_past_is_ready_now_and_earns_no_aging_head_start():
     before = timezone.now()
     job = enqueue("echo", {}, run_at=before - timedelta(days=30))
     assert before <= job.run_at <= timezone.now()
+
+
+@pytest.mark.django_db
+def test_idempotency_keys_are_exact_strings_on_every_database():
+    """MariaDB's default collation would make "Key", "key" and "key " one key (0010)."""
+    jobs = [enqueue("echo", idempotency_key=key) for key in ("Key", "key", "key ", "key")]
+    assert [job.was_created for job in jobs] == [True, True, True, False]
+    assert jobs[3].id == jobs[1].id
