@@ -28,7 +28,7 @@ from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 from django.test.utils import CaptureQueriesContext  # noqa: E402
 
-from queue_app import transitions  # noqa: E402
+from queue_app.core import transitions# noqa: E402
 
 SEED = {
     "postgresql": """

@@ -90,7 +90,7 @@ def main():
     from django.core.management import call_command
     from django.db import connection
 
-    from queue_app import metrics
+    from queue_app.ops import metrics
 
     if not args.reuse:
         recreate_database()

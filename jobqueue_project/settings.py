@@ -124,7 +124,7 @@ STORAGES = {
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
 }
 
-# django.tasks: @task functions run on our workers (queue_app/backends.py).
+# django.tasks: @task functions run on our workers (queue_app/tasks/backend.py).
 TASKS = {"default": {"BACKEND": "queue_app.backends.DatabaseBackend"}}
 
 # The queue's own knobs; every key is optional (defaults in queue_app/conf.py).
@@ -134,13 +134,13 @@ JOBQUEUE = {
     "DEFAULT_MAX_ATTEMPTS": env.int("JOBQUEUE_DEFAULT_MAX_ATTEMPTS", default=3),
     # The bundled sample workloads, so `enqueue --kind email` then `runworker --kind email` works.
     "HANDLERS": {
-        "email": "queue_app.samples.email",
-        "report": "queue_app.samples.report",
-        "flaky": "queue_app.samples.flaky",
-        "slow": "queue_app.samples.slow",
-        "webhook": "queue_app.samples.webhook",
-        "crashy": "queue_app.samples.crashy",
-        "shell": "queue_app.samples.shell",
+        "email": "queue_app.ops.samples.email",
+        "report": "queue_app.ops.samples.report",
+        "flaky": "queue_app.ops.samples.flaky",
+        "slow": "queue_app.ops.samples.slow",
+        "webhook": "queue_app.ops.samples.webhook",
+        "crashy": "queue_app.ops.samples.crashy",
+        "shell": "queue_app.ops.samples.shell",
     },
     # `enqueue --command` / the "shell" kind run shell commands on the workers.
     "SHELL_JOBS": env.bool("JOBQUEUE_SHELL_JOBS", default=False),

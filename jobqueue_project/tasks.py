@@ -13,7 +13,7 @@ import logging
 import django
 from django.tasks import task
 
-from queue_app import backends
+from queue_app.tasks import backend as backends
 
 # Our extras ride on Django 6.1's @task; on 6.0 backends.task takes them instead.
 options_task = task if django.VERSION >= (6, 1) else backends.task

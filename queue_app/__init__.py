@@ -4,15 +4,15 @@
 def __getattr__(name):
     # Lazy so that importing queue_app (e.g. in settings) does not touch the app registry.
     if name in {"enqueue", "bulk_enqueue", "EnqueueRequest"}:
-        from queue_app import enqueueing as api_python
+        from queue_app.core import enqueueing as api_python
 
         return getattr(api_python, name)
     if name == "current_job":
-        from queue_app.running import current_job
+        from queue_app.handlers.context import current_job
 
         return current_job
     if name == "handler":
-        from queue_app.registry import handler
+        from queue_app.handlers.registry import handler
 
         return handler
     raise AttributeError(name)

@@ -1,7 +1,7 @@
 """The Django admin for operators: jobs with their timeline, dead letters, events, workers.
 
 Jobs are never saved from a form: every change is an action that goes through
-``queue_app.operations`` (and so ``transitions``), which writes the job's event. Each
+``queue_app.ops.actions`` (and so ``transitions``), which writes the job's event. Each
 action comes twice: for the selected jobs, and for every job matching the current
 filter and search, which runs in batches (see ``operations.apply_many``).
 """
@@ -15,7 +15,11 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from queue_app import capture, dashboard, operations, scheduling, validation
+from queue_app.worker import capture
+from queue_app.ops import dashboard
+from queue_app.ops import actions as operations
+from queue_app.worker import schedules as scheduling
+from queue_app.core import validation
 from queue_app.conf import settings
 from queue_app.exceptions import InvalidJob
 from queue_app.models import DeadLetter, Event, Job, KindLimit, Pause, Schedule, Worker

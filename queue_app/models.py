@@ -1,6 +1,6 @@
 """The queue's tables: Job, its append-only Event log, DeadLetter, and the Worker registry.
 
-Only ``queue_app.transitions`` changes ``Job.state`` or writes Event and DeadLetter rows.
+Only ``queue_app.core.transitions`` changes ``Job.state`` or writes Event and DeadLetter rows.
 The claim query's indexes are vendor-specific and live in migration 0002.
 """
 from django.db import models

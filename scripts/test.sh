@@ -55,7 +55,7 @@ for s in "${skipped[@]}"; do
     fi
 done
 
-# tests/test_shell_jobs.py: the full 20 workers x 1,000 shell jobs on each
+# tests/worker/test_shell_jobs.py: the full 20 workers x 1,000 shell jobs on each
 # database (40-80 s of each run on a quiet 2-core machine); 2,000 in the Django 6.0 run,
 # which repeats the SQLite one for API compatibility.
 export JOBQUEUE_SHELL_TEST_JOBS="${JOBQUEUE_SHELL_TEST_JOBS:-20000}"

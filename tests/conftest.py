@@ -5,8 +5,8 @@ import sys
 import pytest
 from django.db import connection, connections
 
-from queue_app import registry
-from tests import handlers
+from queue_app.handlers import registry
+from tests import sample_handlers as handlers
 
 
 def pytest_report_header(config):

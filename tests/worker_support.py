@@ -14,8 +14,10 @@ from pathlib import Path
 from django.conf import settings as django_settings
 from django.db import connection, connections
 
-from queue_app import registry, worker
-from tests import handlers
+from queue_app.handlers import registry
+from queue_app.worker import loop as worker
+from queue_app.worker import supervisor
+from tests import sample_handlers as handlers
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -131,7 +133,7 @@ def _worker_main(options):
     code = 1
     try:
         connections.close_all()
-        code = worker.run(worker.Options(**options))
+        code = supervisor.run(worker.Options(**options))
     except BaseException:
         import traceback
 

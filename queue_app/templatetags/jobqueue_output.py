@@ -1,7 +1,7 @@
 """Template filters for a job attempt's captured output (capture.py)."""
 from django import template
 
-from queue_app import capture
+from queue_app.worker import capture
 
 register = template.Library()
 

@@ -1,7 +1,7 @@
 """Filters the dashboard templates use to show numbers, ages and JSON."""
 from django import template
 
-from queue_app import dashboard
+from queue_app.ops import dashboard
 
 register = template.Library()
 

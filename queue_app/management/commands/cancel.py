@@ -1,5 +1,6 @@
 """manage.py cancel: cancel a pending or running job."""
-from queue_app import aborting, cli
+from queue_app.core import aborting
+from queue_app.ops import cli
 from queue_app.exceptions import InvalidTransition, JobNotFound
 
 

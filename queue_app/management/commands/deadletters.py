@@ -1,5 +1,6 @@
 """manage.py deadletters: jobs that ran out of attempts, and why."""
-from queue_app import cli, inspection
+from queue_app.ops import cli
+from queue_app.ops import reads as inspection
 
 
 class Command(cli.QueueCommand):

@@ -17,7 +17,12 @@ from pathlib import Path
 from django.conf import settings as django_settings
 from django.core.management import call_command
 
-from queue_app import bulk_enqueue, cli, enqueue, fixtures, metrics, ordering, transitions
+from queue_app import bulk_enqueue, enqueue
+from queue_app.ops import cli
+from queue_app.ops import fixtures
+from queue_app.ops import metrics
+from queue_app.core import ordering
+from queue_app.core import transitions
 from queue_app.models import Event, EventType, Job, State
 
 QUEUE = "demo"

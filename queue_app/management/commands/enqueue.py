@@ -1,7 +1,9 @@
 """manage.py enqueue: put one job on the queue from the command line."""
 import argparse
 
-from queue_app import cli, enqueueing, inspection
+from queue_app.ops import cli
+from queue_app.core import enqueueing
+from queue_app.ops import reads as inspection
 from queue_app.conf import settings
 from queue_app.exceptions import InvalidJob
 

@@ -1,5 +1,7 @@
 """manage.py history: a job and its whole event timeline."""
-from queue_app import capture, cli, inspection
+from queue_app.worker import capture
+from queue_app.ops import cli
+from queue_app.ops import reads as inspection
 from queue_app.exceptions import JobNotFound
 
 

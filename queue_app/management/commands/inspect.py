@@ -1,5 +1,6 @@
 """manage.py inspect: state counts, the latest jobs and the latest events."""
-from queue_app import cli, inspection
+from queue_app.ops import cli
+from queue_app.ops import reads as inspection
 from queue_app.exceptions import InvalidJob
 
 

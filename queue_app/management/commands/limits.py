@@ -1,7 +1,8 @@
 """manage.py limits: per-kind concurrency and rate limits."""
 from django.db import transaction
 
-from queue_app import cli, flow
+from queue_app.ops import cli
+from queue_app.core import flow
 from queue_app.exceptions import InvalidJob
 
 _UNSET = flow._UNSET

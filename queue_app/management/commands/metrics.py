@@ -1,5 +1,8 @@
 """manage.py metrics: the Prometheus exposition, printed once or served."""
-from queue_app import cli, metrics, metrics_http
+from queue_app.core import addresses
+from queue_app.ops import cli
+from queue_app.ops import metrics
+from queue_app.web import metrics_http
 
 
 class Command(cli.QueueCommand):
@@ -25,9 +28,9 @@ on a malformed --addr, 1 when the address cannot be listened on (e.g. the port i
             self.stdout.write(metrics.render().decode(), ending="")
             return
         try:
-            metrics_http.parse_addr(addr)
+            addresses.parse(addr)
         except ValueError as exc:
-            raise cli.bad_input(f"--addr: {exc}") from None
+            raise cli.bad_input(f"--addr {exc}") from None
         try:
             httpd = metrics_http.server(addr)
         except OSError as exc:

@@ -1,5 +1,6 @@
 """manage.py pause: hold back a queue's or a kind's pending jobs on every worker."""
-from queue_app import cli, flow
+from queue_app.ops import cli
+from queue_app.core import flow
 from queue_app.exceptions import InvalidJob
 
 

@@ -1,5 +1,6 @@
 """manage.py prune: delete old finished jobs with their events."""
-from queue_app import cli, maintenance
+from queue_app.ops import cli
+from queue_app.ops import maintenance
 from queue_app.exceptions import InvalidJob
 
 

@@ -1,9 +1,12 @@
 """manage.py requeue: bring a dead-lettered (or cancelled) job back, or many at once."""
 import sys
 
-from queue_app import cli, maintenance, transitions, validation
+from queue_app.ops import cli
+from queue_app.ops import maintenance
+from queue_app.core import transitions
+from queue_app.core import validation
 from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound
-from queue_app.inspection import Filters
+from queue_app.ops.reads import Filters
 from queue_app.models import Job, State
 
 _UNSET = object()

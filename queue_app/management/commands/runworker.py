@@ -2,8 +2,12 @@
 import argparse
 import importlib
 
-from queue_app import cli, sidecars, worker, workers
-from queue_app.cli import duration, positive_duration, positive_int
+from queue_app.ops import cli
+from queue_app.worker import sidecars
+from queue_app.worker import loop as worker
+from queue_app.worker import supervisor
+from queue_app.worker import registry as workers
+from queue_app.ops.cli import duration, positive_duration, positive_int
 from queue_app.conf import settings
 
 
@@ -110,7 +114,7 @@ cannot start (a server port taken, a worker of that name running), 2 on a bad fl
         )
         try:
             with sidecars.serving(o["metrics_addr"], o["web_addr"]):
-                code = worker.run(options)
+                code = supervisor.run(options)
         except (workers.NameInUse, sidecars.SidecarFailed) as exc:
             # Not the operator's typing: another process holds the name or the port.
             raise cli.CommandError(str(exc)) from None

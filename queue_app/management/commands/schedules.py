@@ -1,7 +1,8 @@
 """manage.py schedules: the cron schedules and when each runs next."""
 from django.db import transaction
 
-from queue_app import cli, scheduling
+from queue_app.ops import cli
+from queue_app.worker import schedules as scheduling
 from queue_app.exceptions import InvalidJob
 
 

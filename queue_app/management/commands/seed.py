@@ -1,5 +1,6 @@
 """manage.py seed: sample jobs for each bundled workload; running it twice adds nothing."""
-from queue_app import cli, fixtures
+from queue_app.ops import cli
+from queue_app.ops import fixtures
 
 
 class Command(cli.QueueCommand):

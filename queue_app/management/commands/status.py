@@ -1,5 +1,6 @@
 """manage.py status: counts by state, active workers and throughput."""
-from queue_app import cli, inspection
+from queue_app.ops import cli
+from queue_app.ops import reads as inspection
 
 
 class Command(cli.QueueCommand):

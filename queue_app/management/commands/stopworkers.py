@@ -1,7 +1,8 @@
 """manage.py stopworkers: ask workers on any host to shut down gracefully."""
 import time
 
-from queue_app import cli, workers
+from queue_app.ops import cli
+from queue_app.worker import registry as workers
 from queue_app.models import Worker, WorkerState
 
 

@@ -1,28 +1,32 @@
 """manage.py web: serve the admin, dashboard, API and static files with gunicorn."""
 import os
-import re
 import sys
 
+from django.conf import settings as django_settings
 from django.core.management import call_command
 
-from queue_app import cli
+from queue_app.core import addresses
+from queue_app.ops import cli
 from queue_app.conf import settings
-
-ADDR_RE = re.compile(r"^(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9.\-]*):(?P<port>\d{1,5})$")
-
 
 def parse_addr(addr):
     """':8080' -> '0.0.0.0:8080'; 'host:port' as given. Raise a bad-input CommandError when malformed."""
-    m = ADDR_RE.match(addr or "")
-    if not m or not 0 < int(m["port"]) < 65536:
-        raise cli.bad_input(f"--addr {addr!r} is not HOST:PORT or :PORT (e.g. 127.0.0.1:8000 or :8080)")
-    return f"{m['host'] or '0.0.0.0'}:{int(m['port'])}"
+    try:
+        return addresses.bind(addr)
+    except ValueError as exc:
+        raise cli.bad_input(f"--addr {exc}") from None
+
+
+def _wsgi_app():
+    """The site's WSGI application as gunicorn names it (``module:attribute``)."""
+    module, _, attribute = django_settings.WSGI_APPLICATION.rpartition(".")
+    return f"{module}:{attribute}"
 
 
 def gunicorn_argv(addr, *, workers=None, timeout=None):
     """The gunicorn command line that serves the admin, dashboard and static files."""
     return [
-        sys.executable, "-m", "gunicorn", "jobqueue_project.wsgi:application",
+        sys.executable, "-m", "gunicorn", _wsgi_app(),
         "--bind", parse_addr(addr),
         "--workers", str(workers or settings.WEB_WORKERS),
         "--timeout", str(timeout or settings.WEB_TIMEOUT),

@@ -1,5 +1,7 @@
 """manage.py workers: list registered workers with the age of their heartbeat."""
-from queue_app import cli, durations, workers
+from queue_app.ops import cli
+from queue_app.core import durations
+from queue_app.worker import registry as workers
 
 
 class Command(cli.QueueCommand):

@@ -1,0 +1,318 @@
+"""Flow control that holds across every worker and host: pauses, concurrency (per kind
+and per key) and rate limits.
+
+Pause. A ``Pause`` row names a queue or a kind. ``transitions.claim`` reads the (tiny)
+table at the start of every claim and hands the names to the claim SQL as exclusions,
+so paused jobs stay ``pending``, keep their place in line, and are leased again by the
+first claim after ``resume``. A pause takes effect for claims that start after it
+commits; a job already leased finishes.
+
+Limits. A ``KindLimit`` row caps one kind: at most ``concurrency`` jobs leased at once,
+at most ``per_key`` leased at once per ``Job.concurrency_key`` (see Per key below) and
+at most ``rate_limit`` starts per ``rate_period`` seconds. Limited kinds are left out
+of the main claim and claimed one kind at a time in their own short transaction:
+
+1. lock the kind's limit row (``SELECT ... FOR UPDATE SKIP LOCKED`` on PostgreSQL and
+   MariaDB; SQLite's IMMEDIATE transaction already serialises writers);
+2. count the kind's leased jobs (the ``(state, kind, queue_name)`` index), per key too
+   with ``per_key``, and read the rate window stored on the row;
+3. claim at most the slots that are left, with the ordinary index-driven claim;
+   with ``per_key``, leaving out the keys that are at their limit (lease_within());
+4. add the starts to the window and commit, which releases the lock.
+
+Why a count under a lock and not a semaphore table of held slots: the leased rows
+*are* the truth. A semaphore must be given back by whoever holds it, so a worker that
+dies (or a lease that is recovered, cancelled or completed by another path) would
+leak a slot until something reconciled it. Counting ``state='leased'`` frees the slot
+the moment the job leaves ``leased`` by any edge, including lease recovery, with no
+bookkeeping in complete/fail/recover. The count is an index range of at most
+``concurrency`` rows, so it costs what a semaphore read would. The lock is what makes
+the count safe: two claimers cannot both see one free slot, because the second one
+waits for (PostgreSQL/MariaDB: skips) the first one's commit, and under READ COMMITTED
+its count then includes the first one's leases.
+
+SKIP LOCKED on the limit row: a worker that finds the row locked skips that kind for
+this claim instead of queueing behind it; the worker holding the lock is taking that
+kind's free slots anyway. So a hot limited kind never serialises the whole cluster.
+
+Order: limited kinds are claimed before the main claim fills the rest of the batch,
+so a large unlimited backlog cannot starve them (they are bounded by their slots
+anyway). Within a batch, the global priority order therefore holds per group (each
+limited kind, then everything else), not across groups.
+
+Per key ("one job per customer at a time", as Oban Pro's partitioned limits and
+Sidekiq Enterprise's limiters offer). With ``per_key`` set, a job whose
+``concurrency_key`` already has ``per_key`` leased jobs of its kind waits; jobs of
+other keys lease past it, and jobs without a key are held only by ``concurrency``. It
+is the same rule as the kind's: a count of ``state='leased'`` rows, grouped by key,
+under the same row lock, so it holds across every worker and host and a dead worker's
+slot frees when its lease is recovered, with nothing to give back. The keys at their
+limit go to the claim as exclusions (``leasing.claim(exclude_keys=...)``), so the seek
+steps over their waiting jobs instead of taking and returning them. One claim must not
+take more than ``per_key`` of one key either: it leases in rounds, each asking for no
+more jobs than the key with the least room has left (any round might take them all
+from that key), counting what it took per key and excluding a key once it is full. At
+``per_key=1`` that is one job per round, one round trip each: a claim of a per-key
+kind costs as many statements as it leases jobs. The grouped count reads the kind's
+leased rows through the ``(state, kind, queue_name)`` index: no more than the kind has
+running, so ``concurrency_key`` needs no index of its own.
+
+The rate limit is a fixed window per kind: the row holds the window's start and its
+starts so far; a claim after ``window_start + rate_period`` opens a new window. Like
+every fixed window it can admit up to twice the rate across a window boundary over a
+period-long span; the count over whole windows is exact.
+"""
+import random
+from collections import Counter
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.db import connections, transaction
+from django.utils import timezone
+
+from queue_app.core import validation
+from queue_app.conf import settings
+from queue_app.exceptions import InvalidJob
+from queue_app.models import KIND_MAX_LENGTH, Job, KindLimit, Pause, PauseScope, State
+
+_UNSET = object()
+
+
+@dataclass(frozen=True)
+class Pauses:
+    queues: frozenset = frozenset()
+    kinds: frozenset = frozenset()
+
+
+# --- pause / resume --------------------------------------------------------------------
+
+
+def current_pauses(using="default"):
+    """Return what is paused now (one query on a table of a few rows)."""
+    queues, kinds = set(), set()
+    for scope, name in Pause.objects.using(using).values_list("scope", "name"):
+        (queues if scope == PauseScope.QUEUE else kinds).add(name)
+    return Pauses(frozenset(queues), frozenset(kinds))
+
+
+def claim_gates(using="default"):
+    """Return (Pauses, limited kinds): what every claim must know, read in one statement.
+
+    The same rows as current_pauses() and active_limits(), without building a model per
+    row: a claim reads this each time (no cache, so a pause or a limit set on any host
+    holds from the next claim on), so it has to cost one small round trip."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            f"SELECT scope, name FROM {Pause._meta.db_table}"
+            f" UNION ALL SELECT 'limit', kind FROM {KindLimit._meta.db_table}"
+            " WHERE concurrency IS NOT NULL OR rate_limit IS NOT NULL OR per_key IS NOT NULL"
+        )
+        rows = cursor.fetchall()
+    queues = frozenset(name for scope, name in rows if scope == PauseScope.QUEUE)
+    kinds = frozenset(name for scope, name in rows if scope == PauseScope.KIND)
+    limited = frozenset(name for scope, name in rows if scope == "limit")
+    return Pauses(queues, kinds), limited
+
+
+def _scope(queue, kind):
+    if (queue is None) == (kind is None):
+        raise InvalidJob("name a queue or a kind (exactly one)", "queue")
+    if queue is not None:
+        return PauseScope.QUEUE, validation.name(queue, "queue", KIND_MAX_LENGTH)
+    return PauseScope.KIND, validation.name(kind, "kind", KIND_MAX_LENGTH)
+
+
+def pause(*, queue=None, kind=None, actor="", reason="", using="default"):
+    """Pause a queue or a kind cluster-wide; return (Pause, created)."""
+    scope, name = _scope(queue, kind)
+    with transaction.atomic(using=using):
+        return Pause.objects.using(using).get_or_create(
+            scope=scope, name=name, defaults={"actor": actor or "", "reason": reason or ""}
+        )
+
+
+def resume(*, queue=None, kind=None, using="default"):
+    """Resume a paused queue or kind; return True if it was paused."""
+    scope, name = _scope(queue, kind)
+    deleted, _ = Pause.objects.using(using).filter(scope=scope, name=name).delete()
+    return bool(deleted)
+
+
+def paused_counts(using="default"):
+    """Return [(Pause, pending jobs it holds back)] for the dashboard and `pause --list`."""
+    out = []
+    for p in Pause.objects.using(using).all():
+        field = "queue_name" if p.scope == PauseScope.QUEUE else "kind"
+        out.append((p, Job.objects.using(using).filter(state=State.PENDING, **{field: p.name}).count()))
+    return out
+
+
+# --- limits ------------------------------------------------------------------------------
+
+
+def _positive_int(value, field):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidJob(f"{field} must be a positive integer or empty, got {value!r}", field)
+    return value
+
+
+def set_limit(
+    kind, *, concurrency=_UNSET, per_key=_UNSET, rate_limit=_UNSET, rate_period=_UNSET, from_settings=False,
+    using="default",
+):
+    """Create or change a kind's limits; None clears one. Return the KindLimit."""
+    kind = validation.name(kind, "kind", KIND_MAX_LENGTH)
+    changes = {"updated_at": timezone.now(), "from_settings": from_settings}
+    if concurrency is not _UNSET:
+        changes["concurrency"] = _positive_int(concurrency, "concurrency")
+    if per_key is not _UNSET:
+        changes["per_key"] = _positive_int(per_key, "per_key")
+    if rate_limit is not _UNSET:
+        changes["rate_limit"] = _positive_int(rate_limit, "rate_limit")
+    if rate_period is not _UNSET:
+        changes["rate_period"] = validation.seconds(rate_period, "rate_period", maximum=366 * 86400)
+    with transaction.atomic(using=using):
+        limit, _ = KindLimit.objects.using(using).select_for_update().get_or_create(kind=kind, defaults=changes)
+        for field, value in changes.items():
+            setattr(limit, field, value)
+        limit.save(using=using)
+    return limit
+
+
+def clear_limit(kind, *, using="default"):
+    """Remove a kind's limits; return True if it had any."""
+    deleted, _ = KindLimit.objects.using(using).filter(kind=kind).delete()
+    return bool(deleted)
+
+
+def sync_limits(using="default"):
+    """Copy the LIMITS setting into KindLimit rows; return the kinds written.
+
+    Rows edited at runtime are overwritten only for kinds the setting names; a row
+    that came from the setting and no longer appears there is removed.
+    """
+    configured = settings.LIMITS or {}
+    for kind, spec in configured.items():
+        unknown = set(spec) - {"concurrency", "per_key", "rate_limit", "rate_period"}
+        if unknown:
+            raise InvalidJob(f"LIMITS[{kind!r}]: unknown key(s) {sorted(unknown)}", "LIMITS")
+        set_limit(
+            kind,
+            concurrency=spec.get("concurrency"),
+            per_key=spec.get("per_key"),
+            rate_limit=spec.get("rate_limit"),
+            rate_period=spec.get("rate_period", 60.0),
+            from_settings=True,
+            using=using,
+        )
+    KindLimit.objects.using(using).filter(from_settings=True).exclude(kind__in=list(configured)).delete()
+    return sorted(configured)
+
+
+def active_limits(using="default"):
+    """Return {kind: KindLimit} for kinds that have a limit set."""
+    return {
+        limit.kind: limit
+        for limit in KindLimit.objects.using(using).all()
+        if limit.concurrency is not None or limit.rate_limit is not None or limit.per_key is not None
+    }
+
+
+def kinds_to_claim(limits, kinds, pauses):
+    """The limited kinds a claim should try, in a random order (fair between kinds)."""
+    wanted = [k for k in limits if k not in pauses.kinds and (not kinds or k in kinds)]
+    random.shuffle(wanted)
+    return wanted
+
+
+def reserve(kind, want, now, *, using="default"):
+    """Lock ``kind``'s limit row and return (row, slots free now, at most ``want``).
+
+    Must run inside the claim's transaction: the lock is held until it commits. Returns
+    (None, 0) when another claimer holds the row (it is taking the free slots) or the
+    limit was removed since it was read.
+    """
+    qs = KindLimit.objects.using(using).filter(kind=kind)
+    if connections[using].features.has_select_for_update_skip_locked:
+        qs = qs.select_for_update(skip_locked=True)
+    else:
+        qs = qs.select_for_update()
+    row = qs.first()
+    if row is None:
+        return None, 0
+    free = want
+    if row.concurrency is not None:
+        leased = Job.objects.using(using).filter(state=State.LEASED, kind=kind).count()
+        free = min(free, row.concurrency - leased)
+    if row.rate_limit is not None:
+        if row.window_start is None or now >= row.window_start + timedelta(seconds=row.rate_period):
+            row.window_start, row.window_count = now, 0
+        free = min(free, row.rate_limit - row.window_count)
+    return row, max(0, free)
+
+
+def leased_per_key(kind, *, using="default"):
+    """Return {concurrency_key: leased jobs} for ``kind``'s leased jobs that have a key."""
+    connection = connections[using]
+    # SQLite plans from average selectivity: once ANALYZE has seen a table where most
+    # rows share one state, the (state, kind) index looks useless to it and it scans
+    # every job. Name the index, as leasing.py does for the level seeks.
+    hint = " INDEXED BY jq_job_state_kind_queue" if connection.vendor == "sqlite" else ""
+    # Keys are exact strings on every vendor (MariaDB's column collates as bytes: 0010).
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT concurrency_key, COUNT(*) FROM {Job._meta.db_table}{hint}"
+            " WHERE state = %s AND kind = %s AND concurrency_key IS NOT NULL GROUP BY concurrency_key",
+            [State.LEASED.value, kind],
+        )
+        return Counter(dict(cursor.fetchall()))
+
+
+def lease_within(row, free, lease, *, using="default"):
+    """Lease up to ``free`` jobs of ``row``'s kind with ``lease(n, exclude_keys=...)``,
+    keeping every concurrency key within ``row.per_key``; return the jobs.
+
+    Runs under the reserve() lock, so the per-key counts read here stay true until the
+    claim commits (the module docstring says why rounds)."""
+    if row.per_key is None:
+        return lease(free)
+    held = leased_per_key(row.kind, using=using)
+    jobs = []
+    while len(jobs) < free:
+        full = {key for key, n in held.items() if n >= row.per_key}
+        room = [row.per_key - n for n in held.values() if n < row.per_key]
+        want = min(free - len(jobs), row.per_key, *room)
+        got = lease(want, exclude_keys=full)
+        jobs += got
+        held.update(job.concurrency_key for job in got if job.concurrency_key is not None)
+        if len(got) < want:
+            break  # nothing more is claimable now
+    return jobs
+
+
+def record_starts(row, started, now, *, using="default"):
+    """Add ``started`` claims to the row's rate window (under the reserve() lock)."""
+    if row.rate_limit is None or not started:
+        return
+    KindLimit.objects.using(using).filter(kind=row.kind).update(
+        window_start=row.window_start, window_count=row.window_count + started
+    )
+
+
+def limit_status(using="default"):
+    """Return [(KindLimit, leased now, starts in the current window, keys at their
+    per_key limit now (None without per_key))] for display."""
+    now = timezone.now()
+    out = []
+    for row in KindLimit.objects.using(using).all():
+        leased = Job.objects.using(using).filter(state=State.LEASED, kind=row.kind).count()
+        in_window = 0
+        if row.window_start is not None and now < row.window_start + timedelta(seconds=row.rate_period):
+            in_window = row.window_count
+        full = None
+        if row.per_key is not None:
+            full = sum(1 for n in leased_per_key(row.kind, using=using).values() if n >= row.per_key)
+        out.append((row, leased, in_window, full))
+    return out

@@ -1,0 +1,956 @@
+"""The state machine: one function per edge, each one transaction that changes the
+job and appends exactly one Event row. Nothing else writes Job.state, Event or DeadLetter.
+
+    edge              from                 to                      event
+    enqueue           (new)                pending                 enqueued
+    claim             pending (ready)      leased                  claimed
+    complete          leased*              completed               completed
+    complete_many     leased*              completed               completed  (one per job; batched acks)
+    fail              leased*              pending (retry)         failed
+                      leased*              dead_letter             dead_lettered
+    release           leased*              pending                 released   (not started; attempt given back)
+                      (abort requested: as abort, to cancelled)
+    recover           leased, expired      pending | dead_letter   recovered
+                                           cancelled (abort requested)
+    requeue           dead_letter|cancelled pending                requeued
+    cancel            pending | leased     cancelled              cancelled
+    request_abort     leased               leased (cancel_requested_at set)  abort_requested
+    abort             leased* (requested)  cancelled              cancelled  (handler stopped or was killed)
+    retry_now         pending              pending (run_at=now)    rescheduled
+    change_priority   pending|dead_letter  (same)                  priority_changed
+    change_payload    pending|dead_letter  (same)                  payload_changed
+
+    * worker-owned: the UPDATE also matches lease_owner and the attempt number, a
+      fencing token. A worker whose lease lapsed and was recovered (or re-claimed, even
+      by itself) matches nothing, changes nothing, and is told so by the return value.
+"""
+import json
+import logging
+from datetime import timedelta
+from functools import partial
+from itertools import chain
+
+from django.db import IntegrityError, connections, router, transaction
+from django.db.models import BooleanField, ExpressionWrapper, Q
+from django.utils import timezone
+
+from queue_app.core import backoff
+from queue_app.core import follow_ups as chaining
+from queue_app.core import flow
+from queue_app.engines import leasing
+from queue_app.core import ordering
+from queue_app.engines import rows
+from queue_app.core import validation
+from queue_app.core import webhooks
+from queue_app.conf import settings
+from queue_app.exceptions import InvalidTransition, JobNotFound
+from queue_app.models import DeadLetter, Event, EventType, Job, State
+
+log = logging.getLogger("queue_app")
+
+_UNSET = object()
+
+
+def _db(using=None):
+    return using or router.db_for_write(Job)
+
+
+def _event(job_id, type_, now, *, from_state="", to_state="", attempt=0, worker="", message="", metadata=None):
+    return Event(
+        job_id=job_id,
+        type=type_,
+        at=now,
+        from_state=from_state,
+        to_state=to_state,
+        attempt=attempt,
+        worker=worker or "",
+        message=message,
+        metadata=metadata or {},
+    )
+
+
+# --- enqueue -------------------------------------------------------------------------
+
+
+def _new_job(req, now):
+    return Job(
+        kind=req.kind,
+        payload=req.payload,
+        queue_name=req.queue_name,
+        priority=req.priority,
+        run_at=req.run_at or now,
+        max_attempts=req.max_attempts,
+        idempotency_key=req.idempotency_key,
+        concurrency_key=req.concurrency_key,
+        timeout=req.timeout,
+        created_at=now,
+        on_success=req.on_success,
+        on_failure=req.on_failure,
+        webhook_url=req.webhook_url,
+        parent_id=req.parent_id,
+        backoff_base=req.backoff_base,
+        backoff_max=req.backoff_max,
+        backoff_jitter=req.backoff_jitter,
+    )
+
+
+def _enqueued_event(job, now, **extra):
+    meta = {"queue": job.queue_name, "priority": job.priority, "run_at": job.run_at.isoformat()}
+    if job.parent_id is not None:
+        meta["parent"] = job.parent_id
+    if job.concurrency_key is not None:
+        meta["concurrency_key"] = job.concurrency_key
+    return _event(job.id, EventType.ENQUEUED, now, to_state=State.PENDING, metadata={**meta, **extra})
+
+
+def _window_passed(existing, req, now):
+    """With unique_for, a key dedupes only within that many seconds of the job holding it."""
+    return req.unique_for is not None and existing.created_at + timedelta(seconds=req.unique_for) <= now
+
+
+def _notify(db, jobs, now):
+    """Wake idle PostgreSQL workers for the ready jobs among ``jobs``.
+
+    NOTIFY inside the enqueuing transaction is delivered by PostgreSQL only when that
+    transaction (or the caller's outer one) commits, and dropped on rollback: the same
+    guarantee as transaction.on_commit without a second round trip after the commit.
+    """
+    channel = settings.NOTIFY_CHANNEL
+    if not channel or connections[db].vendor != "postgresql":
+        return
+    queues = sorted({job.queue_name for job in jobs if job.run_at <= now})
+    if queues:
+        with connections[db].cursor() as cursor:
+            for queue in queues:
+                cursor.execute("SELECT pg_notify(%s, %s)", [channel, queue])
+
+
+_PENDING = State.PENDING.value  # an enum member's .value is a property call
+
+
+def _given(req, now):
+    """What a new job's row sets (rows.JobWriter fills the other columns' defaults)."""
+    return {
+        "kind": req.kind, "payload": req.payload, "queue_name": req.queue_name, "priority": req.priority,
+        "run_at": req.run_at or now, "state": _PENDING, "attempts": 0, "max_attempts": req.max_attempts,
+        "idempotency_key": req.idempotency_key, "timeout": req.timeout, "created_at": now,
+        "on_success": req.on_success, "on_failure": req.on_failure, "webhook_url": req.webhook_url,
+        "parent_id": req.parent_id, "backoff_base": req.backoff_base, "backoff_max": req.backoff_max,
+        "backoff_jitter": req.backoff_jitter, "concurrency_key": req.concurrency_key,
+    }
+
+
+def _enqueued_meta(given):
+    meta = {"queue": given["queue_name"], "priority": given["priority"], "run_at": given["run_at"].isoformat()}
+    if given["parent_id"] is not None:
+        meta["parent"] = given["parent_id"]
+    if given["concurrency_key"] is not None:
+        meta["concurrency_key"] = given["concurrency_key"]
+    return meta
+
+
+def _insert_plain(db, reqs, now):
+    """Insert requests without an idempotency key (nothing to look up first): per chunk
+    one multi-row INSERT ... RETURNING id and one INSERT of their enqueued events, in the
+    caller's transaction. On PostgreSQL a single job is one statement with its event and
+    NOTIFY, atomic on its own. Return the Job instances, in order."""
+    connection = connections[db]
+    writer = rows.JobWriter.on(connection)
+    at_db = connection.ops.adapt_datetimefield_value(now)
+    cache = {}
+    out = []
+    # COPY (PostgreSQL) has no statement size to keep small: fewer, larger chunks, fewer
+    # waits for the server to finish one before the next is sent.
+    size = settings.BULK_BATCH_SIZE if connection.vendor != "postgresql" else max(settings.BULK_BATCH_SIZE, 10_000)
+    for start in range(0, len(reqs), size):
+        part = reqs[start : start + size]
+        chunk = [_given(req, now) for req in part]
+        texts = [req.payload_json for req in part]
+        if None in texts:  # a request built without validation.payload_json
+            texts = [t if t is not None else json.dumps(r.payload) for t, r in zip(texts, part)]
+        copy = connection.vendor == "postgresql" and len(chunk) > 1
+        values, adapted = writer.rows(chunk, {"payload": texts}, cache, raw_json=copy)
+        params = list(chain.from_iterable(adapted)) if connection.vendor == "postgresql" and len(chunk) == 1 else []
+        insert = (
+            f"INSERT INTO {rows.JOB_TABLE} ({writer.columns})"
+            f" VALUES {rows.placeholders(writer.width, len(chunk), connection)}"
+            " RETURNING id"
+        )
+        if connection.vendor == "postgresql" and len(chunk) == 1:
+            event = rows.event_params(
+                connection, None, EventType.ENQUEUED, at_db, 0, "", "", State.PENDING, "", _enqueued_meta(chunk[0])
+            )
+            select, event_params = _event_select(connection, event, {0: "id"})
+            notify, notify_params = "", []
+            channel = settings.NOTIFY_CHANNEL
+            if channel and chunk[0]["run_at"] <= now:
+                notify, notify_params = ", pg_notify(%s, %s)", [channel, chunk[0]["queue_name"]]
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"WITH j AS ({insert}), e AS (INSERT INTO {rows.EVENT_TABLE} ({rows.EVENT_COLUMNS})"
+                    f" SELECT {select} FROM j) SELECT id{notify} FROM j",
+                    params + event_params + notify_params,
+                )
+                ids = [cursor.fetchone()[0]]
+        elif copy:
+            ids = rows.reserve_ids(connection, rows.JOB_TABLE, len(chunk))
+            rows.copy_insert(connection, rows.JOB_TABLE, "id, " + writer.columns,
+                             ([job_id, *row] for job_id, row in zip(ids, adapted)))
+        else:
+            sql, params = rows.values_clause(connection, adapted)
+            with connection.cursor() as cursor:
+                cursor.execute(f"INSERT INTO {rows.JOB_TABLE} ({writer.columns}) VALUES {sql} RETURNING id", params)
+                ids = [row[0] for row in cursor.fetchall()]
+        if len(ids) != len(chunk):
+            raise RuntimeError("the database did not return ids for a bulk insert")
+        if not (connection.vendor == "postgresql" and len(chunk) == 1):  # else logged by the statement
+            # A batch's jobs mostly share queue, priority and run_at: adapt each metadata once.
+            events, shared = [], {}
+            for job_id, given in zip(ids, chunk):
+                key = (given["queue_name"], given["priority"], given["run_at"], given["parent_id"],
+                       given["concurrency_key"])
+                tail = shared.get(key)
+                if tail is None:
+                    event = rows.event_params(
+                        connection, None, EventType.ENQUEUED, at_db, 0, "", "", State.PENDING, "", None,
+                    )
+                    event[8] = rows.json_once(connection, _enqueued_meta(given))  # metadata
+                    tail = shared[key] = event[1:]  # all but job_id
+                events.append([job_id, *tail])
+            rows.insert_events(connection, events, copy=len(events) > 1)
+        out += writer.jobs(ids, values)
+    if len(reqs) > 1:
+        _notify(db, out, now)
+    return out
+
+
+def enqueue(req, *, using=None):
+    """Insert a validated EnqueueRequest; return (job, created).
+
+    With an idempotency key the database's unique index decides: of concurrent
+    enqueues with one key exactly one inserts, the others get that job back. With
+    ``unique_for`` a job older than the window gives its key up (as cancel does; the
+    new job's enqueued event records it) in the same savepoint as the insert, so of
+    concurrent enqueues after the window still exactly one inserts.
+    """
+    db = _db(using)
+    now = timezone.now()
+    if req.idempotency_key is None:
+        # Nothing to look up and no race to lose: no savepoint, the fewest statements.
+        if connections[db].vendor == "postgresql":
+            (job,) = _insert_plain(db, [req], now)
+        else:
+            with transaction.atomic(using=db):
+                (job,) = _insert_plain(db, [req], now)
+        log.debug("enqueued id=%s kind=%s queue=%s", job.id, job.kind, job.queue_name)
+        return job, True
+    with transaction.atomic(using=db):
+        stale = None
+        if req.idempotency_key is not None:
+            existing = Job.objects.using(db).filter(idempotency_key=req.idempotency_key).first()
+            if existing is not None:
+                if not _window_passed(existing, req, now):
+                    return existing, False
+                stale = existing
+        job = _new_job(req, now)
+        extra = {}
+        try:
+            # A savepoint so that losing the race leaves the caller's transaction usable.
+            with transaction.atomic(using=db):
+                if stale is not None:
+                    # Matches nothing if a concurrent enqueue released it first; then our
+                    # insert loses on the unique index and returns that one's job.
+                    Job.objects.using(db).filter(id=stale.id, idempotency_key=req.idempotency_key).update(
+                        idempotency_key=None
+                    )
+                    extra["dedupe_released"] = {"job": stale.id, "key": req.idempotency_key}
+                job.save(using=db, force_insert=True)
+                _enqueued_event(job, now, **extra).save(using=db, force_insert=True)
+                _notify(db, [job], now)
+        except IntegrityError:
+            if req.idempotency_key is None:
+                raise
+            existing = Job.objects.using(db).filter(idempotency_key=req.idempotency_key).first()
+            if existing is None:
+                raise
+            return existing, False
+    log.debug("enqueued id=%s kind=%s queue=%s", job.id, job.kind, job.queue_name)
+    return job, True
+
+
+def bulk_enqueue(reqs, *, using=None):
+    """Insert many validated requests in one transaction; return the jobs in order.
+
+    Requests with an idempotency key go one by one (each may match an existing job);
+    the rest are inserted with multi-row INSERTs.
+    """
+    db = _db(using)
+    now = timezone.now()
+    out = [None] * len(reqs)
+    with transaction.atomic(using=db):
+        plain = []
+        for i, req in enumerate(reqs):
+            if req.idempotency_key is not None:
+                out[i], _ = enqueue(req, using=db)
+            else:
+                plain.append(i)
+        # Chunks of more than one: NOTIFY once per queue for the batch, not per chunk.
+        jobs = _insert_plain(db, [reqs[i] for i in plain], now)
+        for i, job in zip(plain, jobs):
+            out[i] = job
+    return out
+
+
+# --- worker-owned edges ------------------------------------------------------------------
+
+
+def claim(worker_id, *, limit=1, queues=None, kinds=None, lease_seconds=None, aging=None, now=None, using=None):
+    """Lease up to ``limit`` ready jobs to ``worker_id``; return them in lease order."""
+    validation.batch_size(limit)
+    db = _db(using)
+    connection = connections[db]
+    lease = float(settings.LEASE_SECONDS if lease_seconds is None else lease_seconds)
+    aging = float(settings.AGING_INTERVAL if aging is None else aging)
+    if queues and "*" in queues:
+        queues = None
+    now = now or timezone.now()
+    expires = now + timedelta(seconds=lease)
+    # Paused queues/kinds are never leased; limited kinds are claimed one by one under
+    # their limit row's lock before the main claim (flow.py says why).
+    pauses, limits = flow.claim_gates(db)
+    at_db = connection.ops.adapt_datetimefield_value(now)
+    meta = {"lease_expires_at": expires.isoformat()}
+
+    def lease(n, **filters):
+        log = None
+        if connection.vendor == "postgresql":
+            # The claimed events go in with the claim itself (leasing.py): one round trip.
+            params = rows.event_params(
+                connection, None, EventType.CLAIMED, at_db, None, worker_id, State.PENDING, State.LEASED, "", meta
+            )
+            select = ", ".join("attempts" if i == 3 else "id" if i == 0 else "%s" for i in range(len(params)))
+            log = (f"INSERT INTO {rows.EVENT_TABLE} ({rows.EVENT_COLUMNS}) SELECT {select}",
+                   [p for i, p in enumerate(params) if i not in (0, 3)])
+        found = leasing.claim(
+            connection, owner=worker_id, limit=n, now=now, expires=expires,
+            queues=list(queues) if queues else None, aging_us=ordering.aging_microseconds(aging),
+            exclude_queues=pauses.queues, log=log, **filters,
+        )
+        if not found:
+            return []
+        leased = rows.JobReader.on(connection).jobs(found)
+        if log is None:
+            rows.insert_events(connection, [
+                rows.event_params(
+                    connection, job.id, EventType.CLAIMED, at_db, job.attempts, worker_id,
+                    State.PENDING, State.LEASED, "", meta,
+                )
+                for job in leased
+            ])
+        return leased
+
+    jobs = []
+    for kind in flow.kinds_to_claim(limits, kinds, pauses):
+        if len(jobs) >= limit:
+            break
+        with transaction.atomic(using=db, savepoint=False):
+            row, free = flow.reserve(kind, limit - len(jobs), now, using=db)
+            if free:
+                got = flow.lease_within(row, free, partial(lease, kinds=[kind]), using=db)
+                flow.record_starts(row, len(got), now, using=db)
+                jobs += got
+    excluded = pauses.kinds | set(limits)
+    wanted = [k for k in kinds if k not in excluded] if kinds else None
+    if len(jobs) < limit and (wanted is None or wanted):
+        if connection.vendor == "postgresql":
+            # One statement, atomic on its own: no BEGIN/COMMIT round trips around it.
+            jobs += lease(limit - len(jobs), kinds=wanted, exclude_kinds=excluded)
+        else:
+            with transaction.atomic(using=db, savepoint=False):
+                jobs += lease(limit - len(jobs), kinds=wanted, exclude_kinds=excluded)
+    jobs.sort(key=lambda j: ordering.sort_key(j, now, aging))
+    return jobs
+
+
+def complete_and_claim(done, worker_id, **claim_options):
+    """complete_many(done) and claim(worker_id, **claim_options) in one transaction;
+    return (ids completed, jobs claimed).
+
+    A worker acknowledging its last job as it leases the next pays one commit for both
+    instead of two: at --batch 1 the commit is most of what a no-op job costs. The
+    settle-only edges nest without savepoints (a failure anywhere rolls back both, and
+    the caller acknowledges on its own before retrying the claim)."""
+    db = _db(claim_options.get("using"))
+    with transaction.atomic(using=db):
+        completed = complete_many(done, worker_id=worker_id, using=db)
+        jobs = claim(worker_id, **{**claim_options, "using": db})
+    return completed, jobs
+
+
+# What a terminal edge reads to enqueue follow-ups (not the payload, which may be large).
+_FOLLOW_UP_FIELDS = (
+    "id", "kind", "queue_name", "attempts", "created_at", "started_at", "on_success", "on_failure", "webhook_url",
+)
+
+
+def _follow_ups(db, job, state, now, *, result=None, error=None):
+    """Enqueue a finished job's chained job and webhook delivery, in the caller's
+    transaction; return what its terminal event records about them."""
+    return {
+        **chaining.follow_up(job, state, now, result=result, error=error, using=db),
+        **webhooks.notify(job, state, now, result=result, error=error, using=db),
+    }
+
+
+def _owned(db, job_id, worker_id, attempt):
+    return Job.objects.using(db).filter(
+        id=job_id, state=State.LEASED, lease_owner=worker_id, attempts=attempt
+    )
+
+
+def _lost(job_id, worker_id, attempt, action):
+    log.warning(
+        "lease lost id=%s worker=%s attempt=%s: %s refused (recovered, cancelled or re-claimed)",
+        job_id, worker_id, attempt, action,
+    )
+
+
+def _event_select(connection, params, computed):
+    """An event row as a select list over a CTE's rows: ``computed`` maps positions in
+    ``params`` (from rows.event_params) to SQL; the rest stay parameters."""
+    select = ", ".join(computed.get(i, "%s") for i in range(len(params)))
+    return select, [p for i, p in enumerate(params) if i not in computed or "%s" in computed[i]]
+
+
+def _which(pairs):
+    """SQL matching exactly the (id, attempts) ``pairs``: one id list per attempt number."""
+    by_attempt = {}
+    for job_id, attempt in pairs:
+        by_attempt.setdefault(attempt, []).append(job_id)
+    parts, params = [], []
+    for attempt, ids in by_attempt.items():
+        parts.append(f"(attempts = %s AND id IN ({', '.join(['%s'] * len(ids))}))")
+        params += [attempt, *ids]
+    return "(" + " OR ".join(parts) + ")", params
+
+
+def _complete_plain(db, done, worker_id, now):
+    """Complete those of ``done`` [(job_id, attempt, result, metadata)] that this worker
+    still holds (same guard as _owned) and that have no follow-up to enqueue (no
+    on_success, no webhook): one UPDATE and one INSERT of their events, in one
+    transaction (on PostgreSQL one statement). Return the ids completed; the caller
+    settles the rest the long way, which also tells a lost lease from a follow-up."""
+    connection = connections[db]
+    at_db = connection.ops.adapt_datetimefield_value(now)
+    guard = "state = 'leased' AND lease_owner = %s AND on_success IS NULL AND webhook_url IS NULL"
+    if connection.vendor == "postgresql":
+        values = []
+        for job_id, attempt, result, meta in done:
+            values += [job_id, attempt, rows.json_value(connection, result), rows.json_value(connection, meta)]
+        params = rows.event_params(
+            connection, None, EventType.COMPLETED, at_db, None, worker_id, State.LEASED, State.COMPLETED, "", {}
+        )
+        select, event_params = _event_select(
+            connection, params, {0: "id", 3: "attempts", 8: "COALESCE(meta::jsonb, %s)"}
+        )
+        t = rows.JOB_TABLE
+        sql = f"""
+        WITH v(id, attempt, result, meta) AS (VALUES {rows.placeholders(4, len(done))}),
+        done AS (
+            UPDATE {t} SET state = 'completed', finished_at = %s, result = v.result::jsonb,
+                lease_owner = NULL, lease_expires_at = NULL
+            FROM v WHERE {t}.id = v.id AND {t}.attempts = v.attempt AND {t}.{guard.replace(" AND ", f" AND {t}.")}
+            RETURNING {t}.id, {t}.attempts, v.meta
+        ),
+        logged AS (INSERT INTO {rows.EVENT_TABLE} ({rows.EVENT_COLUMNS}) SELECT {select} FROM done)
+        SELECT id FROM done
+        """
+        with connection.cursor() as cursor:
+            cursor.execute(sql, values + [at_db, worker_id] + event_params)
+            return {row[0] for row in cursor.fetchall()}
+    results = {}
+    for job_id, attempt, result, _ in done:
+        results.setdefault(json.dumps(result, sort_keys=True), (result, []))[1].append((job_id, attempt))
+    held = set()
+    with transaction.atomic(using=db, savepoint=False), connection.cursor() as cursor:
+        if connection.vendor != "sqlite":
+            # No UPDATE ... RETURNING on MariaDB: lock what we hold, then write by id.
+            which, params = _which([(d[0], d[1]) for d in done])
+            cursor.execute(f"SELECT id FROM {rows.JOB_TABLE} WHERE {guard} AND {which} FOR UPDATE", [worker_id] + params)
+            held = {row[0] for row in cursor.fetchall()}
+        # One UPDATE per distinct result: no-op jobs (all None) settle in a single statement.
+        for result, pairs in results.values():
+            sql = (
+                f"UPDATE {rows.JOB_TABLE} SET state = 'completed', finished_at = %s, result = %s,"
+                " lease_owner = NULL, lease_expires_at = NULL"
+            )
+            params = [at_db, rows.json_value(connection, result)]
+            if connection.vendor == "sqlite":
+                which, more = _which(pairs)
+                cursor.execute(f"{sql} WHERE {guard} AND {which} RETURNING id", params + [worker_id] + more)
+                held.update(row[0] for row in cursor.fetchall())
+            else:
+                ids = [job_id for job_id, _ in pairs if job_id in held]
+                if ids:
+                    cursor.execute(f"{sql} WHERE id IN ({', '.join(['%s'] * len(ids))})", params + ids)
+        if held:
+            rows.insert_events(connection, [
+                rows.event_params(
+                    connection, job_id, EventType.COMPLETED, at_db, attempt, worker_id,
+                    State.LEASED, State.COMPLETED, "", meta,
+                )
+                for job_id, attempt, _, meta in done
+                if job_id in held
+            ])
+    return held
+
+
+def complete(job_id, *, worker_id, attempt, result=None, output=None, using=None):
+    """Mark a leased job completed; return False if this worker no longer holds it.
+
+    ``output`` is what the handler printed (capture.py), kept in the event."""
+    result = validation.payload(result, "result")
+    db = _db(using)
+    now = timezone.now()
+    if _complete_plain(db, [(job_id, attempt, result, _with_output(None, output))], worker_id, now):
+        return True
+    with transaction.atomic(using=db):
+        changed = _owned(db, job_id, worker_id, attempt).update(
+            state=State.COMPLETED,
+            finished_at=now,
+            result=result,
+            lease_owner=None,
+            lease_expires_at=None,
+        )
+        if not changed:
+            _lost(job_id, worker_id, attempt, "complete")
+            return False
+        job = Job.objects.using(db).only(*_FOLLOW_UP_FIELDS).get(id=job_id)
+        _event(
+            job_id, EventType.COMPLETED, now,
+            from_state=State.LEASED, to_state=State.COMPLETED, attempt=attempt, worker=worker_id,
+            metadata=_with_output(_follow_ups(db, job, State.COMPLETED, now, result=result), output),
+        ).save(using=db)
+    return True
+
+
+# Whether a job has anything to enqueue when it completes; read with the batch's lock.
+_HAS_FOLLOW_UP = ExpressionWrapper(
+    Q(on_success__isnull=False) | Q(webhook_url__isnull=False), output_field=BooleanField()
+)
+
+
+def complete_many(done, *, worker_id, using=None):
+    """Mark many leased jobs completed in one transaction (batched acks).
+
+    ``done`` is [(job_id, attempt, result)] for handlers that have returned, or
+    [(job_id, attempt, result, output)] with what each printed. Return the ids completed;
+    the others were no longer this worker's (and are logged as lost).
+    """
+    outputs = {d[0]: d[3] for d in done if len(d) > 3 and d[3]}
+    done = [(job_id, attempt, validation.payload(result, "result")) for job_id, attempt, result, *_ in done]
+    if not done:
+        return set()
+    db = _db(using)
+    now = timezone.now()
+    fast = _complete_plain(
+        db, [(job_id, attempt, result, _with_output(None, outputs.get(job_id))) for job_id, attempt, result in done],
+        worker_id, now,
+    )
+    done = [d for d in done if d[0] not in fast]
+    if not done:
+        return fast
+    # The rest have a follow-up to enqueue, or are no longer ours.
+    wanted = {job_id: attempt for job_id, attempt, _ in done}
+    with transaction.atomic(using=db, savepoint=False):
+        # Lock what we still hold, then write by id alone: the lock keeps the guard true.
+        rows = [
+            (job_id, has_follow_up)
+            for job_id, attempts, has_follow_up in Job.objects.using(db)
+            .select_for_update()
+            .filter(id__in=list(wanted), state=State.LEASED, lease_owner=worker_id)
+            .annotate(has_follow_up=_HAS_FOLLOW_UP)
+            .values_list("id", "attempts", "has_follow_up")
+            if wanted[job_id] == attempts
+        ]
+        held = {job_id for job_id, _ in rows}
+        follow = {job_id for job_id, has_follow_up in rows if has_follow_up}
+        by_result = {}
+        for job_id, _, result in done:
+            if job_id in held:
+                by_result.setdefault(json.dumps(result, sort_keys=True), (result, []))[1].append(job_id)
+        # One UPDATE per distinct result: no-op jobs (all None) settle in a single statement.
+        for result, ids in by_result.values():
+            Job.objects.using(db).filter(id__in=ids).update(
+                state=State.COMPLETED, finished_at=now, result=result, lease_owner=None, lease_expires_at=None,
+            )
+        meta = {}
+        if follow:
+            results = {job_id: result for job_id, _, result in done}
+            for job in Job.objects.using(db).only(*_FOLLOW_UP_FIELDS).filter(id__in=follow):
+                meta[job.id] = _follow_ups(db, job, State.COMPLETED, now, result=results[job.id])
+        Event.objects.using(db).bulk_create(
+            [
+                _event(
+                    job_id, EventType.COMPLETED, now,
+                    from_state=State.LEASED, to_state=State.COMPLETED, attempt=attempt, worker=worker_id,
+                    metadata=_with_output(meta.get(job_id), outputs.get(job_id)),
+                )
+                for job_id, attempt, _ in done
+                if job_id in held
+            ]
+        )
+    for job_id, attempt, _ in done:
+        if job_id not in held:
+            _lost(job_id, worker_id, attempt, "complete")
+    return held | fast
+
+
+def _with_output(metadata, output):
+    """An attempt's terminal event metadata, plus what its handler printed if anything."""
+    return {**(metadata or {}), "output": output} if output else metadata
+
+
+def error_info(exc, tb_text=""):
+    """The JSON shape stored for a failed attempt."""
+    cls = type(exc)
+    return {
+        "type": f"{cls.__module__}.{cls.__qualname__}" if cls.__module__ != "builtins" else cls.__qualname__,
+        "message": str(exc),
+        "traceback": tb_text,
+    }
+
+
+def _dead_letter_row(job, now, error, reason):
+    return DeadLetter(
+        job_id=job.id, kind=job.kind, payload=job.payload, attempts=job.attempts,
+        error=error, reason=reason, created_at=now,
+    )
+
+
+def _or(value, default):
+    """A job's own setting, or the default when the row leaves it empty."""
+    return default if value is None else value
+
+
+def fail(job_id, *, worker_id, attempt, error, retry=True, retry_delay=None, output=None, using=None):
+    """Record a failed attempt: back to pending with backoff, or to dead_letter when the
+    budget is spent (or ``retry`` is False). Return the new state, or None if this worker
+    no longer holds the job. ``output`` is what the handler printed (capture.py)."""
+    db = _db(using)
+    now = timezone.now()
+    error = validation.payload(error, "error")
+    with transaction.atomic(using=db):
+        job = _owned(db, job_id, worker_id, attempt).select_for_update().first()
+        if job is None:
+            _lost(job_id, worker_id, attempt, "fail")
+            return None
+        message = (error or {}).get("message", "") if isinstance(error, dict) else str(error)
+        if retry and job.attempts < job.max_attempts:
+            seconds = retry_delay if retry_delay is not None else backoff.delay(
+                job.attempts,
+                base=_or(job.backoff_base, settings.BACKOFF_BASE),
+                cap=_or(job.backoff_max, settings.BACKOFF_MAX_SECONDS),
+                jitter=_or(job.backoff_jitter, settings.BACKOFF_JITTER),
+            )
+            run_at = now + timedelta(seconds=seconds)
+            Job.objects.using(db).filter(id=job.id).update(
+                state=State.PENDING, run_at=run_at, last_error=error,
+                lease_owner=None, lease_expires_at=None,
+            )
+            _event(
+                job.id, EventType.FAILED, now,
+                from_state=State.LEASED, to_state=State.PENDING, attempt=attempt, worker=worker_id,
+                message=message,
+                metadata=_with_output({"error": error, "retry_at": run_at.isoformat(), "delay": seconds}, output),
+            ).save(using=db)
+            return State.PENDING
+        Job.objects.using(db).filter(id=job.id).update(
+            state=State.DEAD_LETTER, finished_at=now, last_error=error,
+            lease_owner=None, lease_expires_at=None,
+        )
+        reason = "failed" if retry else "not_retryable"
+        _dead_letter_row(job, now, error, reason).save(using=db)
+        _event(
+            job.id, EventType.DEAD_LETTERED, now,
+            from_state=State.LEASED, to_state=State.DEAD_LETTER, attempt=attempt, worker=worker_id,
+            message=message,
+            metadata=_with_output(
+                {"error": error, "reason": reason, **_follow_ups(db, job, State.DEAD_LETTER, now, error=error)},
+                output,
+            ),
+        ).save(using=db)
+        return State.DEAD_LETTER
+
+
+def release(job_id, *, worker_id, attempt, using=None):
+    """Give back a claimed job this worker did not start; the attempt is not consumed."""
+    db = _db(using)
+    now = timezone.now()
+    with transaction.atomic(using=db):
+        changed = _owned(db, job_id, worker_id, attempt).filter(cancel_requested_at__isnull=True).update(
+            state=State.PENDING, attempts=attempt - 1, lease_owner=None, lease_expires_at=None
+        )
+        if not changed:
+            if _owned(db, job_id, worker_id, attempt).exists():
+                # Its abort was asked for: giving it back would run it again.
+                return abort(job_id, worker_id=worker_id, attempt=attempt, how="released unfinished", using=db)
+            _lost(job_id, worker_id, attempt, "release")
+            return False
+        _event(
+            job_id, EventType.RELEASED, now,
+            from_state=State.LEASED, to_state=State.PENDING, attempt=attempt, worker=worker_id,
+        ).save(using=db)
+    return True
+
+
+def renew(job_ids, *, worker_id, lease_seconds=None, using=None):
+    """Extend this worker's leases (a heartbeat, not a transition: no event).
+
+    Return the ids still held; a missing id means the lease was lost.
+    """
+    db = _db(using)
+    lease = float(settings.LEASE_SECONDS if lease_seconds is None else lease_seconds)
+    now = timezone.now()
+    with transaction.atomic(using=db):
+        held = Job.objects.using(db).filter(id__in=list(job_ids), state=State.LEASED, lease_owner=worker_id)
+        ids = set(held.values_list("id", flat=True))
+        if ids:
+            Job.objects.using(db).filter(id__in=ids, state=State.LEASED, lease_owner=worker_id).update(
+                lease_expires_at=now + timedelta(seconds=lease)
+            )
+    return ids
+
+
+def recover(*, limit=500, now=None, owned_by=None, using=None):
+    """Take back leases past their deadline: each consumes its attempt and goes to
+    pending, or to dead_letter when none are left. Return [(id, new_state)].
+
+    With ``owned_by`` (a lease-owner prefix: a stopped worker's name), take back that
+    worker's leases whatever their deadline: nobody will settle or renew them."""
+    db = _db(using)
+    now = now or timezone.now()
+    out = []
+    with transaction.atomic(using=db):
+        if owned_by is None:
+            qs = Job.objects.using(db).expired(now)
+        else:
+            qs = Job.objects.using(db).leased().filter(lease_owner__startswith=owned_by)
+        qs = qs.order_by("lease_expires_at", "id")
+        if connections[db].features.has_select_for_update_skip_locked:
+            # Two workers recovering at once split the work instead of waiting on each other.
+            qs = qs.select_for_update(skip_locked=True)
+        jobs = list(qs[:limit])
+        if not jobs:
+            return out
+        events, letters, back, dead, aborted = [], [], [], [], []
+        for job in jobs:
+            error = {
+                "type": "LeaseExpired",
+                "message": f"lease held by {job.lease_owner} expired at {job.lease_expires_at.isoformat()}"
+                if owned_by is None else f"lease held by {job.lease_owner}, of a worker that had stopped",
+                "traceback": "",
+            }
+            to = State.PENDING if job.attempts < job.max_attempts else State.DEAD_LETTER
+            if job.cancel_requested_at is not None:
+                # Its abort was asked for: the worker died before settling it; do not retry.
+                to = State.CANCELLED
+            {State.PENDING: back, State.DEAD_LETTER: dead, State.CANCELLED: aborted}[to].append(job.id)
+            meta = {"error": error}
+            if to == State.DEAD_LETTER:
+                letters.append(_dead_letter_row(job, now, error, "lease_expired"))
+                meta.update(_follow_ups(db, job, State.DEAD_LETTER, now, error=error))
+            elif to == State.CANCELLED:
+                meta.update(webhooks.notify(job, State.CANCELLED, now, using=db))
+            events.append(
+                _event(
+                    job.id, EventType.RECOVERED, now,
+                    from_state=State.LEASED, to_state=to, attempt=job.attempts, worker=job.lease_owner,
+                    message=error["message"], metadata=meta,
+                )
+            )
+            out.append((job.id, to))
+        lapsed = {"id__in": back + dead + aborted, "state": State.LEASED}
+        if owned_by is None:
+            lapsed["lease_expires_at__lt"] = now
+        if aborted:
+            Job.objects.using(db).filter(**{**lapsed, "id__in": aborted}).update(
+                state=State.CANCELLED, finished_at=now, lease_owner=None, lease_expires_at=None,
+                idempotency_key=None,
+            )
+        if back:
+            Job.objects.using(db).filter(**{**lapsed, "id__in": back}).update(
+                state=State.PENDING, run_at=now, lease_owner=None, lease_expires_at=None,
+            )
+        if dead:
+            Job.objects.using(db).filter(**{**lapsed, "id__in": dead}).update(
+                state=State.DEAD_LETTER, finished_at=now, lease_owner=None, lease_expires_at=None,
+            )
+            DeadLetter.objects.using(db).bulk_create(letters)
+        Event.objects.using(db).bulk_create(events)
+    for job_id, to in out:
+        log.warning("recovered id=%s state=%s", job_id, to)
+    return out
+
+
+# --- operator edges ------------------------------------------------------------------------
+
+
+def _locked(db, job_id, allowed, action):
+    job = Job.objects.using(db).select_for_update().filter(id=job_id).first()
+    if job is None:
+        raise JobNotFound(job_id)
+    if job.state not in allowed:
+        raise InvalidTransition(job_id, job.state, action)
+    return job
+
+
+def requeue(job_id, *, payload=_UNSET, max_attempts=None, actor="", using=None):
+    """Send a dead-lettered (or cancelled) job back to pending with a fresh budget."""
+    if payload is not _UNSET:
+        payload = validation.payload(payload)
+    if max_attempts is not None:
+        max_attempts = validation.max_attempts(max_attempts)
+    db = _db(using)
+    now = timezone.now()
+    with transaction.atomic(using=db):
+        job = _locked(db, job_id, {State.DEAD_LETTER, State.CANCELLED}, "requeue")
+        changes = {"state": State.PENDING, "attempts": 0, "run_at": now, "finished_at": None, "result": None,
+                   "cancel_requested_at": None}
+        meta = {"previous_attempts": job.attempts}
+        if payload is not _UNSET:
+            changes["payload"] = payload
+            meta["payload_replaced"] = True
+            meta["previous_payload"] = job.payload
+        if max_attempts is not None:
+            changes["max_attempts"] = max_attempts
+            meta["previous_max_attempts"] = job.max_attempts
+        Job.objects.using(db).filter(id=job.id).update(**changes)
+        DeadLetter.objects.using(db).filter(job_id=job.id, resolved_at__isnull=True).update(
+            resolved_at=now, resolution="requeued"
+        )
+        _event(
+            job.id, EventType.REQUEUED, now,
+            from_state=job.state, to_state=State.PENDING, worker=actor, metadata=meta,
+        ).save(using=db)
+    job.refresh_from_db(using=db)
+    return job
+
+
+def cancel(job_id, *, actor="", reason="", using=None):
+    """Cancel a pending job, or a leased one (its worker's result will be refused).
+
+    The idempotency key is released, so the same key can enqueue a fresh job.
+    """
+    db = _db(using)
+    now = timezone.now()
+    with transaction.atomic(using=db):
+        job = _locked(db, job_id, {State.PENDING, State.LEASED}, "cancel")
+        Job.objects.using(db).filter(id=job.id).update(
+            state=State.CANCELLED, finished_at=now, lease_owner=None, lease_expires_at=None,
+            idempotency_key=None,
+        )
+        _event(
+            job.id, EventType.CANCELLED, now,
+            from_state=job.state, to_state=State.CANCELLED, attempt=job.attempts, worker=actor,
+            message=reason,
+            metadata={
+                "idempotency_key": job.idempotency_key,
+                "lease_owner": job.lease_owner,
+                **webhooks.notify(job, State.CANCELLED, now, using=db),
+            },
+        ).save(using=db)
+    job.refresh_from_db(using=db)
+    return job
+
+
+def request_abort(job_id, *, actor="", reason="", using=None):
+    """Ask the worker running a leased job to stop it (aborting.py says how).
+
+    The job stays leased until its handler returns or its process is killed; then the
+    worker's ``abort`` edge cancels it. Asking again changes nothing and writes nothing.
+    """
+    db = _db(using)
+    now = timezone.now()
+    with transaction.atomic(using=db):
+        job = _locked(db, job_id, {State.LEASED}, "abort")
+        if job.cancel_requested_at is None:
+            Job.objects.using(db).filter(id=job.id).update(cancel_requested_at=now)
+            _event(
+                job.id, EventType.ABORT_REQUESTED, now,
+                from_state=State.LEASED, to_state=State.LEASED, attempt=job.attempts, worker=actor,
+                message=reason, metadata={"lease_owner": job.lease_owner},
+            ).save(using=db)
+    job.refresh_from_db(using=db)
+    return job
+
+
+def abort(job_id, *, worker_id, attempt, how, error=None, using=None):
+    """Cancel a leased job whose abort was requested, once its handler has stopped (or
+    its process was killed); return False if this worker no longer holds it."""
+    db = _db(using)
+    now = timezone.now()
+    with transaction.atomic(using=db):
+        job = _owned(db, job_id, worker_id, attempt).filter(cancel_requested_at__isnull=False).select_for_update().first()
+        if job is None:
+            _lost(job_id, worker_id, attempt, "abort")
+            return False
+        Job.objects.using(db).filter(id=job.id).update(
+            state=State.CANCELLED, finished_at=now, lease_owner=None, lease_expires_at=None,
+            idempotency_key=None,
+        )
+        meta = {"how": how, "idempotency_key": job.idempotency_key}
+        if error is not None:
+            meta["error"] = validation.payload(error, "error")
+        _event(
+            job.id, EventType.CANCELLED, now,
+            from_state=State.LEASED, to_state=State.CANCELLED, attempt=attempt, worker=worker_id,
+            message=f"aborted: {how}",
+            metadata={**meta, **webhooks.notify(job, State.CANCELLED, now, using=db)},
+        ).save(using=db)
+    return True
+
+
+def retry_now(job_id, *, actor="", using=None):
+    """Make a scheduled or retrying job ready now."""
+    db = _db(using)
+    now = timezone.now()
+    with transaction.atomic(using=db):
+        job = _locked(db, job_id, {State.PENDING}, "retry now")
+        Job.objects.using(db).filter(id=job.id).update(run_at=now)
+        _event(
+            job.id, EventType.RESCHEDULED, now, from_state=job.state, to_state=job.state,
+            worker=actor, metadata={"previous_run_at": job.run_at.isoformat()},
+        ).save(using=db)
+    job.refresh_from_db(using=db)
+    return job
+
+
+def change_priority(job_id, priority, *, actor="", using=None):
+    priority = validation.priority(priority)
+    db = _db(using)
+    now = timezone.now()
+    with transaction.atomic(using=db):
+        job = _locked(db, job_id, {State.PENDING, State.DEAD_LETTER}, "change priority")
+        Job.objects.using(db).filter(id=job.id).update(priority=priority)
+        _event(
+            job.id, EventType.PRIORITY_CHANGED, now, from_state=job.state, to_state=job.state,
+            worker=actor, metadata={"from": job.priority, "to": priority},
+        ).save(using=db)
+    job.refresh_from_db(using=db)
+    return job
+
+
+def change_payload(job_id, payload, *, actor="", using=None):
+    payload = validation.payload(payload)
+    db = _db(using)
+    now = timezone.now()
+    with transaction.atomic(using=db):
+        job = _locked(db, job_id, {State.PENDING, State.DEAD_LETTER}, "edit payload")
+        Job.objects.using(db).filter(id=job.id).update(payload=payload)
+        _event(
+            job.id, EventType.PAYLOAD_CHANGED, now, from_state=job.state, to_state=job.state,
+            worker=actor, metadata={"previous_payload": job.payload},
+        ).save(using=db)
+    job.refresh_from_db(using=db)
+    return job

@@ -1,0 +1,448 @@
+"""Checks on what callers hand the queue, done before anything is written.
+
+Every refusal is an InvalidJob that names the field and says what to fix.
+"""
+import json
+import math
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from numbers import Real
+
+from django.utils import timezone
+
+from queue_app.conf import settings
+from queue_app.exceptions import InvalidJob
+from queue_app.models import (
+    CONCURRENCY_KEY_MAX_LENGTH,
+    IDEMPOTENCY_KEY_MAX_LENGTH,
+    KIND_MAX_LENGTH,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    QUEUE_NAME_MAX_LENGTH,
+)
+
+# \Z, not $: $ also matches before a trailing newline.
+NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:\-]*\Z")
+# MariaDB's JSON_VALID (its JSON columns' CHECK) refuses 32 or more nesting levels, and
+# a payload is stored nested a level or two deeper too (an event's previous_payload, a
+# follow-up job's parent outcome): leave that margin.
+MAX_JSON_DEPTH = 24
+# Farther than this is a typo, not a schedule.
+MAX_SCHEDULE_AHEAD = timedelta(days=3650)
+# Per-job backoff bounds: a base above 100 reaches any cap within a few attempts, and a
+# retry parked for more than a week is a lost job, not a backoff.
+BACKOFF_BASE_RANGE = (1, 100)
+MAX_BACKOFF_SECONDS = 7 * 24 * 3600
+
+ENQUEUE_FIELDS = (
+    "queue_name",
+    "priority",
+    "run_at",
+    "run_after",
+    "max_attempts",
+    "idempotency_key",
+    "concurrency_key",
+    "timeout",
+    "unique_for",
+    "on_success",
+    "on_failure",
+    "webhook_url",
+    "backoff_base",
+    "backoff_max",
+    "backoff_jitter",
+)
+# A follow-up template is stored as JSON until its parent finishes: no datetimes.
+TEMPLATE_FIELDS = tuple(f for f in ENQUEUE_FIELDS if f != "run_at")
+
+
+@dataclass(frozen=True)
+class EnqueueRequest:
+    """A validated job, ready to insert."""
+
+    kind: str
+    payload: object
+    queue_name: str
+    priority: int
+    run_at: datetime | None
+    max_attempts: int
+    idempotency_key: str | None
+    timeout: float | None
+    # Seconds the idempotency key dedupes for; None: for as long as the job exists.
+    unique_for: float | None = None
+    # Follow-up job templates (chaining.py) and the outcome's webhook (webhooks.py).
+    on_success: dict | None = None
+    on_failure: dict | None = None
+    webhook_url: str | None = None
+    # Per-job retry backoff; None: the BACKOFF_* settings (conf.py).
+    backoff_base: float | None = None
+    backoff_max: float | None = None
+    backoff_jitter: bool | None = None
+    # Jobs of a kind with a per_key limit (flow.py) that share this key are leased at
+    # most per_key at a time; None: not limited per key.
+    concurrency_key: str | None = None
+    # Set by chaining for a follow-up job, never by callers.
+    parent_id: int | None = None
+    # The payload's JSON text as validated, stored as is (None: encode ``payload``).
+    payload_json: str | None = None
+
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def name(value, field, max_length):
+    if not isinstance(value, str) or not value:
+        raise InvalidJob(f"{field} must be a non-empty string", field)
+    if len(value) > max_length:
+        raise InvalidJob(f"{field} is {len(value)} characters; the limit is {max_length}", field)
+    if not NAME_RE.match(value):
+        raise InvalidJob(
+            f"{field} {value!r} may hold only letters, digits and _ . : - (and not start with . : -)",
+            field,
+        )
+    return value
+
+
+def text(value, field):
+    """A string every database can store: PostgreSQL refuses NUL in text and jsonb, and
+    no driver can send an unpaired UTF-16 surrogate (a lone half of an escaped pair)."""
+    if "\x00" in value:
+        raise InvalidJob(f"{field} may not contain the NUL character (\\u0000)", field)
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidJob(f"{field} holds an unpaired UTF-16 surrogate; send valid Unicode", field) from None
+    return value
+
+
+def _json_text(value, field):
+    """Check every string (keys too) and the nesting depth of a JSON value, without recursion."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            text(item, field)
+        elif isinstance(item, (dict, list, tuple)):
+            if depth > MAX_JSON_DEPTH:
+                raise InvalidJob(f"{field} is nested more than {MAX_JSON_DEPTH} levels deep", field)
+            if isinstance(item, dict):
+                for k, v in item.items():
+                    if isinstance(k, str):
+                        text(k, field)
+                    stack.append((v, depth + 1))
+            else:
+                stack.extend((v, depth + 1) for v in item)
+
+
+# Values json.loads gives back as they are: a payload made only of these (and str keys)
+# is stored and returned as given, with no decode of what was just encoded.
+_NATIVE_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def _native_depth(value, field):
+    """Check the nesting depth; return whether the value holds only JSON-native types
+    (exact dict/list/str/int/float/bool/None, str keys), so a JSON round-trip would
+    give back an equal value of the same types."""
+    native = True
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        kind = type(item)
+        if kind is dict or kind is list or isinstance(item, (dict, list, tuple)):
+            if depth > MAX_JSON_DEPTH:
+                raise InvalidJob(f"{field} is nested more than {MAX_JSON_DEPTH} levels deep", field)
+            if isinstance(item, dict):
+                native = native and kind is dict
+                for k, v in item.items():
+                    if type(k) is not str:
+                        native = False
+                    if type(v) in _NATIVE_SCALARS:
+                        continue
+                    stack.append((v, depth + 1))
+            else:
+                native = native and kind is list
+                stack.extend((v, depth + 1) for v in item)
+        elif kind not in _NATIVE_SCALARS:
+            native = False
+    return native
+
+
+# json.dumps with options builds an encoder per call.
+_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
+
+
+def payload_json(value, field="payload"):
+    """Validate a JSON value; return (value as a reader will see it, its JSON text).
+
+    One json.dumps does the work: its text is what gets stored (no second encode), its
+    length is the size (ASCII: non-ASCII is escaped), and only text holding an escaped
+    NUL or surrogate (rare, and often a false alarm: a literal backslash, an emoji) needs
+    the walk over every string.
+    """
+    if type(value) is dict and not value:  # the default payload
+        encoded, native = "{}", True
+    else:
+        try:
+            encoded = _ENCODER.encode(value)
+        except (TypeError, ValueError) as exc:
+            raise InvalidJob(f"{field} is not JSON-serializable: {exc}", field) from None
+        except RecursionError:
+            raise InvalidJob(f"{field} is nested too deeply", field) from None
+        if "\\u0000" in encoded or "\\ud" in encoded:
+            _json_text(value, field)
+        native = _native_depth(value, field)
+    size = len(encoded)
+    if size > settings.MAX_PAYLOAD_BYTES:
+        raise InvalidJob(
+            f"{field} is {size} bytes of JSON; the limit is {settings.MAX_PAYLOAD_BYTES}", field
+        )
+    # Store what JSON gives back (tuples become lists), so the job holds what a reader sees.
+    return (value if native else json.loads(encoded)), encoded
+
+
+def payload(value, field="payload"):
+    return payload_json(value, field)[0]
+
+
+def priority(value):
+    if not _is_int(value):
+        raise InvalidJob(f"priority must be an integer, got {value!r}", "priority")
+    if not PRIORITY_MIN <= value <= PRIORITY_MAX:
+        raise InvalidJob(
+            f"priority {value} is out of range {PRIORITY_MIN}..{PRIORITY_MAX}", "priority"
+        )
+    return value
+
+
+def max_attempts(value):
+    if not _is_int(value):
+        raise InvalidJob(f"max_attempts must be an integer, got {value!r}", "max_attempts")
+    limit = settings.MAX_ATTEMPTS_LIMIT
+    if not 1 <= value <= limit:
+        raise InvalidJob(f"max_attempts {value} is out of range 1..{limit}", "max_attempts")
+    return value
+
+
+def seconds(value, field, *, maximum, allow_zero=False):
+    """A duration as a timedelta or a number of seconds; return float seconds."""
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
+        raise InvalidJob(f"{field} must be a number of seconds or a timedelta, got {value!r}", field)
+    if value < 0 or (value == 0 and not allow_zero):
+        raise InvalidJob(f"{field} must be {'>= 0' if allow_zero else '> 0'}, got {value}", field)
+    if value > maximum:
+        raise InvalidJob(f"{field} {value}s is more than the limit of {maximum:.0f}s", field)
+    return float(value)
+
+
+def backoff_base(value):
+    """The per-job retry base: the delay after attempt n is base ** n seconds."""
+    if value is None:
+        return None
+    low, high = BACKOFF_BASE_RANGE
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
+        raise InvalidJob(f"backoff_base must be a number, got {value!r}", "backoff_base")
+    if not low <= value <= high:
+        raise InvalidJob(f"backoff_base {value} is out of range {low}..{high}", "backoff_base")
+    return float(value)
+
+
+def backoff_max(value):
+    """The per-job cap on one retry delay, in seconds (or a timedelta)."""
+    if value is None:
+        return None
+    return seconds(value, "backoff_max", maximum=MAX_BACKOFF_SECONDS)
+
+
+def backoff_jitter(value):
+    if value is None or isinstance(value, bool):
+        return value
+    raise InvalidJob(f"backoff_jitter must be true or false, got {value!r}", "backoff_jitter")
+
+
+def run_at(value, now):
+    if not isinstance(value, datetime):
+        raise InvalidJob(f"run_at must be a datetime, got {value!r}", "run_at")
+    if timezone.is_naive(value):
+        raise InvalidJob("run_at must be timezone-aware (e.g. datetime.now(UTC))", "run_at")
+    try:
+        # Normalise now: an offset near datetime.min/max overflows when the database adapts it.
+        value = value.astimezone(UTC)
+    except (OverflowError, ValueError):
+        raise InvalidJob(f"run_at {value.isoformat()} is out of range", "run_at") from None
+    if value - now > MAX_SCHEDULE_AHEAD:
+        raise InvalidJob(f"run_at {value.isoformat()} is more than 10 years ahead", "run_at")
+    if now - value > MAX_SCHEDULE_AHEAD:
+        raise InvalidJob(f"run_at {value.isoformat()} is more than 10 years ago", "run_at")
+    # A job becomes ready no earlier than it is enqueued: a run_at in the past must not
+    # buy aging points (effective priority counts from run_at).
+    return max(value, now)
+
+
+def _key(value, field, max_length):
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise InvalidJob(f"{field} must be a non-empty string", field)
+    text(value, field)
+    if len(value) > max_length:
+        raise InvalidJob(f"{field} is {len(value)} characters; the limit is {max_length}", field)
+    return value
+
+
+def idempotency_key(value):
+    return _key(value, "idempotency_key", IDEMPOTENCY_KEY_MAX_LENGTH)
+
+
+def concurrency_key(value):
+    """The key a kind's per_key limit counts by, e.g. "customer:42"; any text."""
+    return _key(value, "concurrency_key", CONCURRENCY_KEY_MAX_LENGTH)
+
+
+def template(value, field, now):
+    """A follow-up job as a JSON dict: kind, payload (a dict), enqueue options."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or "kind" not in value:
+        raise InvalidJob(f"{field} must be a dict with a kind (and payload, options)", field)
+    spec = dict(value)
+    kind = spec.pop("kind")
+    body = spec.pop("payload", None)
+    if body is not None and not isinstance(body, dict):
+        raise InvalidJob(f"{field}.payload must be a dict: the parent's outcome is added under 'parent'", field)
+    unknown = sorted(set(spec) - set(TEMPLATE_FIELDS))
+    if unknown:
+        raise InvalidJob(f"{field}: unknown field(s) {', '.join(unknown)}; allowed: kind, payload, {', '.join(TEMPLATE_FIELDS)}", field)
+    try:
+        enqueue_request(kind, body, now=now, **spec)
+    except InvalidJob as exc:
+        raise InvalidJob(f"{field}: {exc}", field) from None
+    return payload(value, field)
+
+
+def enqueue_request(kind, payload_value=None, /, now=None, **options):
+    """Validate enqueue() arguments and return an EnqueueRequest."""
+    return request(kind, payload_value, options, now or timezone.now())
+
+
+class BatchChecks:
+    """What a batch has already validated: options by value, kind names. Most batches
+    give every job the same options, so those are checked once, not per job."""
+
+    def __init__(self):
+        self.options = {}
+        self.kinds = set()
+
+
+def _options_key(options):
+    if not options:
+        return ()
+    # The type too: 1, 1.0 and True are equal keys but not equally valid values.
+    try:
+        key = tuple(sorted((k, type(v), v) for k, v in options.items()))
+        hash(key)
+    except TypeError:  # unhashable (a follow-up template dict) or unorderable
+        return None
+    return key
+
+
+def request(kind, payload_value, options, now, checks=None):
+    """Validate one job's kind, payload and ``options`` (dict); return an EnqueueRequest.
+    Refusals come in the order fields are listed in enqueue_options."""
+    key = fields = None
+    if checks is not None:
+        key = _options_key(options)
+        fields = checks.options.get(key) if key is not None else None
+    checked = []
+
+    def kind_and_payload():
+        _kind(kind, checks)
+        checked.extend(payload_json({} if payload_value is None else payload_value))
+
+    if fields is None:
+        fields = enqueue_options(options, now, between=kind_and_payload)
+        value, encoded = checked
+        req = EnqueueRequest(kind=kind, payload=value, payload_json=encoded, **fields)
+        if key is not None:
+            checks.options[key] = req.__dict__
+        return req
+    kind_and_payload()
+    # A copy of the first request with these options (the dataclass's frozen __init__
+    # costs as much as the rest of a cached validation).
+    req = object.__new__(EnqueueRequest)
+    req.__dict__.update(fields)
+    req.__dict__.update(kind=kind, payload=checked[0], payload_json=checked[1])
+    return req
+
+
+def _kind(kind, checks):
+    if checks is None or type(kind) is not str or kind not in checks.kinds:
+        name(kind, "kind", KIND_MAX_LENGTH)
+        if checks is not None:
+            checks.kinds.add(kind)
+
+
+def enqueue_options(options, now, between=None):
+    """Validate the enqueue options (all but kind and payload); return EnqueueRequest
+    fields. ``between`` runs after the scheduling, timeout and webhook checks and before
+    the rest, where enqueue() has always checked the kind and payload."""
+    unknown = sorted(set(options) - set(ENQUEUE_FIELDS))
+    if unknown:
+        raise InvalidJob(
+            f"unknown field(s): {', '.join(unknown)}; allowed: kind, payload, {', '.join(ENQUEUE_FIELDS)}",
+            unknown[0],
+        )
+    when = options.get("run_at")
+    after = options.get("run_after")
+    if when is not None and after is not None:
+        raise InvalidJob("give run_at or run_after, not both", "run_at")
+    if when is not None:
+        when = run_at(when, now)
+    elif after is not None:
+        if isinstance(after, datetime):
+            raise InvalidJob(
+                "run_after is a delay (seconds or a timedelta); use run_at for a datetime", "run_after"
+            )
+        when = now + timedelta(
+            seconds=seconds(after, "run_after", maximum=MAX_SCHEDULE_AHEAD.total_seconds(), allow_zero=True)
+        )
+    timeout = options.get("timeout")
+    if timeout is not None:
+        timeout = seconds(timeout, "timeout", maximum=settings.MAX_TIMEOUT_SECONDS)
+    attempts = options.get("max_attempts")
+    unique_for = options.get("unique_for")
+    if unique_for is not None:
+        unique_for = seconds(unique_for, "unique_for", maximum=MAX_SCHEDULE_AHEAD.total_seconds())
+        if options.get("idempotency_key") is None:
+            raise InvalidJob("unique_for needs an idempotency_key: it is the key's dedupe window", "unique_for")
+    hook = options.get("webhook_url")
+    if hook is not None:
+        from queue_app.core import webhooks
+
+        hook = webhooks.check_url(text(hook, "webhook_url") if isinstance(hook, str) else hook)
+    if between is not None:
+        between()
+    return dict(
+        queue_name=name(options.get("queue_name") or settings.DEFAULT_QUEUE, "queue_name", QUEUE_NAME_MAX_LENGTH),
+        priority=priority(options.get("priority", 0) if options.get("priority") is not None else 0),
+        run_at=when,
+        max_attempts=max_attempts(settings.DEFAULT_MAX_ATTEMPTS if attempts is None else attempts),
+        idempotency_key=idempotency_key(options.get("idempotency_key")),
+        concurrency_key=concurrency_key(options.get("concurrency_key")),
+        timeout=timeout,
+        unique_for=unique_for,
+        on_success=template(options.get("on_success"), "on_success", now),
+        on_failure=template(options.get("on_failure"), "on_failure", now),
+        webhook_url=hook,
+        backoff_base=backoff_base(options.get("backoff_base")),
+        backoff_max=backoff_max(options.get("backoff_max")),
+        backoff_jitter=backoff_jitter(options.get("backoff_jitter")),
+    )
+
+
+def batch_size(value, field="limit"):
+    if not _is_int(value) or not 1 <= value <= settings.MAX_BATCH:
+        raise InvalidJob(f"{field} must be an integer in 1..{settings.MAX_BATCH}, got {value!r}", field)
+    return value

@@ -1,0 +1,339 @@
+"""Webhooks: a job with a ``webhook_url`` has its outcome POSTed there when it reaches a
+terminal state (completed, dead_letter, cancelled).
+
+Delivery is itself a job of kind ``queue_app.webhook``, enqueued by the terminal
+transition in the same transaction, so it survives restarts, retries with the usual
+backoff and ends in the dead-letter queue when the receiver never accepts: a receiver
+that is down for an hour still gets the call, and an operator can replay it.
+
+The body is JSON: id, kind, queue, state, attempts, result, error, created_at,
+started_at, finished_at. Every attempt carries ``X-Jobqueue-Delivery`` (the delivery
+job's id, the same on every retry: receivers dedupe on it), ``X-Jobqueue-Attempt``
+and ``X-Jobqueue-Timestamp`` (Unix seconds when the attempt was sent). With
+``WEBHOOK_SECRET`` set, ``X-Jobqueue-Signature: t=<timestamp>,v1=<hex>`` holds the
+HMAC-SHA256, under that secret, of ``b"<timestamp>." + body`` (Stripe's scheme). The
+timestamp is inside the MAC and each retry is signed afresh, so a receiver that checks
+it with ``verify()`` refuses a captured delivery replayed more than ``tolerance``
+seconds later; within that window only deduping on the delivery id stops a replay
+(that header is not signed; the body's id, state and finished_at are).
+
+Safety: a payload must not turn the workers into a proxy for internal addresses. Only
+http and https URLs to hosts in ``WEBHOOK_ALLOWED_HOSTS`` are accepted, checked at
+enqueue time (the caller hears about it) and again at delivery (the setting may have
+changed). A name is only as safe as its DNS, so delivery resolves the host once, drops
+every address that is not public (loopback, private, link-local, shared, multicast,
+reserved, unspecified; an IPv6 address that embeds an IPv4 one is judged by that) unless
+it lies in ``WEBHOOK_ALLOWED_NETWORKS``, and connects to a vetted address itself: a second
+lookup (DNS rebinding) never happens. The Host header, TLS SNI and the certificate check
+still use the URL's host name. Redirects are not followed (a redirect could point
+anywhere), environment proxies are not used, and each attempt has ``WEBHOOK_TIMEOUT``.
+Any 2xx is success; anything else, a refused connection or a timeout fails the attempt.
+"""
+import hashlib
+import hmac
+import http.client
+import ipaddress
+import json
+import logging
+import re
+import socket
+import ssl
+import time
+from urllib.parse import urlsplit
+
+from django.core.exceptions import ImproperlyConfigured
+
+from queue_app.conf import settings
+from queue_app.exceptions import InvalidJob
+from queue_app.models import State
+
+log = logging.getLogger("queue_app")
+
+KIND = "queue_app.webhook"
+SIGNATURE_HEADER = "X-Jobqueue-Signature"
+TIMESTAMP_HEADER = "X-Jobqueue-Timestamp"
+DELIVERY_HEADER = "X-Jobqueue-Delivery"
+ATTEMPT_HEADER = "X-Jobqueue-Attempt"
+# Seconds a signature stays acceptable, either way of the receiver's clock (Stripe's default).
+SIGNATURE_TOLERANCE = 300
+URL_MAX_LENGTH = 2000
+TERMINAL = (State.COMPLETED, State.DEAD_LETTER, State.CANCELLED)
+
+
+def host_allowed(host):
+    host = (host or "").lower().rstrip(".")
+    for entry in settings.WEBHOOK_ALLOWED_HOSTS or ():
+        entry = entry.lower()
+        if entry.startswith("."):
+            if host == entry[1:] or host.endswith(entry):
+                return True
+        elif host == entry:
+            return True
+    return False
+
+
+def check_url(url):
+    """Return ``url`` if it may receive webhooks, else raise InvalidJob saying why."""
+    field = "webhook_url"
+    if not isinstance(url, str) or not url:
+        raise InvalidJob("webhook_url must be a non-empty string", field)
+    if len(url) > URL_MAX_LENGTH:
+        raise InvalidJob(f"webhook_url is {len(url)} characters; the limit is {URL_MAX_LENGTH}", field)
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+        parts.port  # noqa: B018  (raises on a malformed port)
+    except ValueError as exc:
+        raise InvalidJob(f"webhook_url is not a valid URL: {exc}", field) from None
+    if parts.scheme not in ("http", "https"):
+        raise InvalidJob(f"webhook_url must be http or https, not {parts.scheme or 'empty'!r}", field)
+    if not host:
+        raise InvalidJob("webhook_url has no host", field)
+    if parts.username or parts.password:
+        raise InvalidJob("webhook_url may not carry credentials; set WEBHOOK_SECRET to sign deliveries", field)
+    if not host_allowed(host):
+        raise InvalidJob(f"webhook host {host!r} is not in the WEBHOOK_ALLOWED_HOSTS setting", field)
+    try:
+        literal = ipaddress.ip_address(host)
+    except ValueError:
+        literal = None  # a name: its addresses are vetted when it is resolved, at delivery
+    if literal is not None and not address_allowed(literal):
+        raise InvalidJob(f"webhook address {host} is not public and not in WEBHOOK_ALLOWED_NETWORKS", field)
+    return url
+
+
+def _embedded_ipv4(ip):
+    """The IPv4 address an IPv6 one reaches (IPv4-mapped, 6to4, NAT64), else None."""
+    if ip.version != 6:
+        return None
+    if ip.ipv4_mapped or ip.sixtofour:
+        return ip.ipv4_mapped or ip.sixtofour
+    if ip in _NAT64:
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return None
+
+
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+
+
+def address_allowed(ip):
+    """Whether a webhook may connect to ``ip``: a public address, or one in WEBHOOK_ALLOWED_NETWORKS."""
+    # An IPv6 address that carries an IPv4 one reaches that IPv4 host: judge that one.
+    target = _embedded_ipv4(ip) or ip
+    try:
+        networks = [ipaddress.ip_network(entry, strict=False) for entry in settings.WEBHOOK_ALLOWED_NETWORKS or ()]
+    except (TypeError, ValueError) as exc:
+        raise ImproperlyConfigured(f"JOBQUEUE['WEBHOOK_ALLOWED_NETWORKS']: {exc}") from None
+    if any(a.version == net.version and a in net for a in (ip, target) for net in networks):
+        return True
+    return target.is_global and not (
+        target.is_loopback or target.is_private or target.is_link_local or target.is_multicast
+        or target.is_reserved or target.is_unspecified
+    )
+
+
+def vetted_addresses(host, port):
+    """Resolve ``host`` once and return the addresses a webhook may connect to (raise if none)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise DeliveryFailed(f"webhook host {host!r} could not be resolved: {exc}") from None
+    found = list(dict.fromkeys(info[4][0] for info in infos))
+    allowed = [a for a in found if address_allowed(ipaddress.ip_address(a.partition("%")[0]))]
+    if not allowed:
+        raise DeliveryFailed(
+            f"webhook host {host!r} resolves to {', '.join(found)}: not public and not in "
+            "WEBHOOK_ALLOWED_NETWORKS"
+        )
+    return allowed
+
+
+def body_for(job, state, now, *, result=None, error=None):
+    def iso(value):
+        return value.isoformat() if value else None
+
+    return {
+        "id": job.id,
+        "kind": job.kind,
+        "queue": job.queue_name,
+        "state": str(state),
+        "attempts": job.attempts,
+        "result": result if state == State.COMPLETED else None,
+        "error": error if state != State.COMPLETED else None,
+        "created_at": iso(job.created_at),
+        "started_at": iso(job.started_at),
+        "finished_at": iso(now),
+    }
+
+
+def notify(job, state, now, *, result=None, error=None, using="default"):
+    """Enqueue the delivery of ``job``'s outcome if it has a webhook; return event metadata."""
+    if not job.webhook_url or state not in TERMINAL:
+        return {}
+    from queue_app.core import transitions# transitions calls us: import on use
+    from queue_app.core import validation
+
+    try:
+        req = validation.enqueue_request(
+            KIND,
+            {"url": job.webhook_url, "body": body_for(job, state, now, result=result, error=error)},
+            now=now,
+            queue_name=settings.WEBHOOK_QUEUE or job.queue_name,
+            max_attempts=settings.WEBHOOK_MAX_ATTEMPTS,
+        )
+    except InvalidJob as exc:
+        log.error("webhook refused id=%s: %s", job.id, exc)
+        return {"webhook_error": str(exc)}
+    delivery, _ = transitions.enqueue(req, using=using)
+    return {"webhook": delivery.id}
+
+
+def sign(data, secret, timestamp):
+    """Return the X-Jobqueue-Signature value for body ``data`` sent at ``timestamp`` (Unix seconds)."""
+    return f"t={timestamp},v1={_mac(data, secret, timestamp)}"
+
+
+def _mac(data, secret, timestamp):
+    return hmac.new(secret.encode(), f"{timestamp}.".encode() + data, hashlib.sha256).hexdigest()
+
+
+class InvalidSignature(Exception):
+    """A webhook signature header is missing, malformed, outside the tolerance or wrong."""
+
+
+# ASCII digits only: int() would also take " 17", "+17", "1_7" and non-ASCII digits.
+_TIMESTAMP = re.compile(r"[0-9]{1,12}")
+
+
+def parse_signature(header):
+    """Return ``(timestamp, [v1 signatures])`` from an X-Jobqueue-Signature value."""
+    # Non-ASCII text would make hmac.compare_digest raise TypeError instead of saying no.
+    if not isinstance(header, str) or not header.isascii():
+        raise InvalidSignature("the signature header is missing or not ASCII")
+    fields = [part.partition("=") for part in header.split(",")]
+    if any(not sep or not key for key, sep, _ in fields):
+        raise InvalidSignature(f"the signature header is not t=<seconds>,v1=<hex>: {header[:100]!r}")
+    stamps = [value for key, _, value in fields if key == "t"]
+    signatures = [value for key, _, value in fields if key == "v1"]  # several while a secret rotates
+    if len(stamps) != 1 or not _TIMESTAMP.fullmatch(stamps[0]) or not signatures:
+        raise InvalidSignature(f"the signature header needs one t=<seconds> and a v1=<hex>: {header[:100]!r}")
+    return int(stamps[0]), signatures
+
+
+def check_signature(body, header, secret, *, tolerance=SIGNATURE_TOLERANCE, now=None):
+    """Raise InvalidSignature unless ``header`` signs the raw ``body`` under ``secret``
+    at a time within ``tolerance`` seconds of ``now`` (default: the current time)."""
+    if not isinstance(body, bytes):
+        raise TypeError("body must be the request's raw bytes, not a re-encoded or parsed copy")
+    timestamp, signatures = parse_signature(header)
+    now = time.time() if now is None else now
+    if abs(now - timestamp) > tolerance:
+        raise InvalidSignature(
+            f"the signature's timestamp {timestamp} is {abs(now - timestamp):.0f}s from now; "
+            f"the tolerance is {tolerance}s"
+        )
+    expected = _mac(body, secret, timestamp)
+    # Constant time: how long a comparison takes must not tell how much of a guess was right.
+    if not any(hmac.compare_digest(expected, signature) for signature in signatures):
+        raise InvalidSignature("no v1 signature matches this body and secret")
+
+
+def verify(body, header, secret, *, tolerance=SIGNATURE_TOLERANCE, now=None):
+    """Return whether ``header`` (X-Jobqueue-Signature) validly signs ``body``: see check_signature()."""
+    try:
+        check_signature(body, header, secret, tolerance=tolerance, now=now)
+    except InvalidSignature:
+        return False
+    return True
+
+
+def _connect(addresses, port, timeout):
+    """A socket to the first of ``addresses`` (IP literals: no lookup happens) that answers."""
+    error = None
+    for address in addresses:
+        try:
+            return socket.create_connection((address, port), timeout)
+        except OSError as exc:
+            error = exc
+    raise error
+
+
+class _PinnedHTTP(http.client.HTTPConnection):
+    """An HTTP connection to vetted addresses; the Host header still names the URL's host."""
+
+    def __init__(self, host, port, addresses, timeout):
+        super().__init__(host, port, timeout=timeout)
+        self.addresses = addresses
+
+    def connect(self):
+        self.sock = _connect(self.addresses, self.port, self.timeout)
+
+
+class _PinnedHTTPS(http.client.HTTPSConnection):
+    """As _PinnedHTTP over TLS: SNI and the certificate check use the URL's host name."""
+
+    def __init__(self, host, port, addresses, timeout):
+        self.tls = ssl.create_default_context()
+        super().__init__(host, port, timeout=timeout, context=self.tls)
+        self.addresses = addresses
+
+    def connect(self):
+        sock = _connect(self.addresses, self.port, self.timeout)
+        try:
+            self.sock = self.tls.wrap_socket(sock, server_hostname=self.host)
+        except BaseException:
+            sock.close()
+            raise
+
+
+class DeliveryFailed(Exception):
+    pass
+
+
+def post(url, data, headers):
+    """POST ``data`` to an allow-listed http(s) URL over a vetted address; return the status.
+
+    Raise InvalidJob for a URL or address the settings refuse, DeliveryFailed when the
+    server cannot be reached or does not answer 2xx.
+    """
+    url = check_url(url)
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    addresses = vetted_addresses(parts.hostname, port)
+    connection_class = _PinnedHTTPS if parts.scheme == "https" else _PinnedHTTP
+    # http.client follows no redirects and uses no proxy: a 3xx is just a failed attempt.
+    conn = connection_class(parts.hostname, port, addresses, float(settings.WEBHOOK_TIMEOUT))
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    try:
+        conn.request("POST", target, body=data, headers=headers)
+        response = conn.getresponse()
+        response.read()
+    except (OSError, http.client.HTTPException) as exc:
+        raise DeliveryFailed(f"{url} could not be reached: {exc}") from None
+    finally:
+        conn.close()
+    if not 200 <= response.status < 300:
+        raise DeliveryFailed(f"{url} answered {response.status} {response.reason}")
+    return response.status
+
+
+def headers_for(data, job, timestamp):
+    """Return the headers of ``job``'s current delivery attempt of ``data``, signed at ``timestamp``."""
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": "jobqueue-webhook/1",
+        DELIVERY_HEADER: str(job.id),
+        ATTEMPT_HEADER: str(job.attempts),
+        TIMESTAMP_HEADER: str(timestamp),
+    }
+    if settings.WEBHOOK_SECRET:
+        headers[SIGNATURE_HEADER] = sign(data, settings.WEBHOOK_SECRET, timestamp)
+    return headers
+
+
+def deliver(payload, job):
+    """The ``queue_app.webhook`` handler: POST the body; raise (so the job retries) unless 2xx."""
+    data = json.dumps(payload["body"], separators=(",", ":"), sort_keys=True).encode()
+    # Signed now, not at enqueue: a retry an hour later must still fall inside the
+    # receiver's tolerance window.
+    return {"status": post(payload["url"], data, headers_for(data, job, int(time.time())))}

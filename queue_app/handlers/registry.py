@@ -1,0 +1,129 @@
+"""kind -> handler. A handler takes the job's payload (and, if it asks, the job).
+
+A kind nobody registered may be the module path of a django.tasks Task
+(``myapp.tasks.send_report``): get() resolves it to that Task. Whoever can enqueue
+chooses the kind, and importing a module runs its top-level code, so only modules inside
+``TASK_MODULES`` (by default the installed apps' and the project's packages) are imported.
+"""
+import functools
+import importlib
+import inspect
+import sys
+
+from django.apps import apps
+from django.tasks import Task
+from django.utils.module_loading import import_string
+
+from queue_app.handlers import faults
+from queue_app.conf import project_packages, settings
+from queue_app.exceptions import UnknownKind
+
+_handlers = {}
+
+
+def register(kind, func):
+    """Make ``func`` run jobs of ``kind``."""
+    _handlers[kind] = func
+    return func
+
+
+def handler(kind):
+    """Decorator form of register(): ``@handler("email")``."""
+
+    def decorate(func):
+        return register(kind, func)
+
+    return decorate
+
+
+def unregister(kind):
+    _handlers.pop(kind, None)
+
+
+def get(kind):
+    """Return the handler for ``kind`` (a registered function or a Task) or raise
+    UnknownKind; wrapped with its fault plan when JOBQUEUE["FAULTS"] names the kind."""
+    try:
+        found = _handlers[kind]
+    except KeyError:
+        found = task_for(kind)
+    return faults.applied(kind, found)
+
+
+class UnknownTask(UnknownKind):
+    """A dotted kind that does not lead to a django.tasks Task."""
+
+    def __init__(self, kind, reason):
+        super().__init__(kind)
+        self.args = (f"no handler registered for kind {kind!r}, and it is not a django.tasks Task: {reason}",)
+
+
+def task_modules():
+    """The packages (or modules) a Task kind may be imported from."""
+    if settings.TASK_MODULES is not None:
+        return list(settings.TASK_MODULES)
+    return [config.name for config in apps.get_app_configs()] + project_packages()
+
+
+def module_allowed(module_path):
+    return any(module_path == entry or module_path.startswith(entry + ".") for entry in task_modules())
+
+
+def task_for(kind):
+    """Return the django.tasks Task whose module path is ``kind``, or raise UnknownKind.
+
+    Only a module attribute that already is a Task instance is returned; nothing is
+    called. Only modules inside task_modules() are imported, never the standard library.
+    """
+    module_path, _, name = kind.rpartition(".")
+    if not module_path or not all(part.isidentifier() for part in kind.split(".")):
+        raise UnknownKind(kind)
+    if module_path.partition(".")[0] in sys.stdlib_module_names:
+        raise UnknownTask(kind, f"{module_path} is a standard-library module")
+    if not module_allowed(module_path):
+        raise UnknownTask(kind, f"{module_path} is outside the TASK_MODULES setting")
+    try:
+        module = importlib.import_module(module_path)
+    except (Exception, SystemExit) as exc:
+        # Whatever the module's top-level code raises fails the attempt (the kind is
+        # unknown here) instead of escaping into the worker; SystemExit would end its thread.
+        raise UnknownTask(kind, f"module {module_path} does not import ({exc!r})") from exc
+    found = getattr(module, name, None)
+    if not isinstance(found, Task):
+        raise UnknownTask(kind, f"{module_path}.{name} is {'missing' if found is None else 'not a Task'}")
+    return found
+
+
+def is_task(func):
+    return isinstance(func, Task)
+
+
+def kinds():
+    return sorted(_handlers)
+
+
+def wants_job(func):
+    """True when the handler declares a ``job`` parameter (asked once per handler:
+    inspect.signature costs as much as running a no-op job's handler)."""
+    try:
+        return _wants_job(func)
+    except TypeError:  # an unhashable callable: nothing to remember it by
+        return _declares_job(func)
+
+
+@functools.lru_cache(maxsize=1024)
+def _wants_job(func):
+    return _declares_job(func)
+
+
+def _declares_job(func):
+    try:
+        return "job" in inspect.signature(func).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def load_configured_handlers():
+    for kind, path in (settings.HANDLERS or {}).items():
+        register(kind, import_string(path) if isinstance(path, str) else path)
+    faults.configure(known=kinds())

@@ -1,0 +1,149 @@
+"""What an operator does to jobs from the admin or the dashboard: one job, or every job
+a filter matches, in batches.
+
+Each job goes through its edge in ``transitions`` (so each writes its own event);
+deleting a job removes its history with it and so writes none. Parameters are
+validated before the first job is touched: a bad priority or payload writes nothing.
+"""
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+
+from django.db import router, transaction
+from django.utils import timezone
+
+from queue_app.core import aborting
+from queue_app.core import transitions
+from queue_app.core import validation
+from queue_app.conf import settings
+from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound
+from queue_app.models import Job, State, Worker
+
+log = logging.getLogger("queue_app")
+
+
+@dataclass(frozen=True)
+class Action:
+    name: str
+    label: str
+    # Jobs in other states are skipped before any lock is taken.
+    states: frozenset
+    # The Django permission the operator needs ("change" or "delete" on Job).
+    permission: str = "change"
+    # The parameter the action takes from a form: "priority", "payload" or None.
+    param: str | None = None
+
+
+ACTIONS = {
+    a.name: a
+    for a in [
+        Action("requeue", "Requeue", frozenset({State.DEAD_LETTER, State.CANCELLED})),
+        Action("retry_now", "Retry now", frozenset({State.PENDING})),
+        Action("cancel", "Cancel", frozenset({State.PENDING, State.LEASED})),
+        Action("change_priority", "Change priority", frozenset({State.PENDING, State.DEAD_LETTER}), param="priority"),
+        Action("edit_payload", "Edit payload", frozenset({State.PENDING, State.DEAD_LETTER}), param="payload"),
+        Action("delete", "Delete", frozenset(State.values), permission="delete"),
+    ]
+}
+
+
+@dataclass
+class Outcome:
+    done: int = 0
+    skipped: int = 0
+    # True when the time budget ran out with matching jobs left; running again continues.
+    more: bool = False
+    errors: list = field(default_factory=list)
+
+
+def get(name):
+    try:
+        return ACTIONS[name]
+    except KeyError:
+        raise InvalidJob(f"unknown action {name!r}; choose one of {', '.join(ACTIONS)}", "action") from None
+
+
+def clean(action, value):
+    """Validate an action's parameter; raise InvalidJob with what to fix."""
+    if action.param == "priority":
+        if isinstance(value, str):
+            try:
+                value = int(value.strip())
+            except ValueError:
+                raise InvalidJob(f"priority must be a whole number, got {value!r}", "priority") from None
+        return validation.priority(value)
+    if action.param == "payload":
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError as exc:
+                raise InvalidJob(f"payload is not valid JSON: {exc}", "payload") from None
+        return validation.payload(value)
+    return None
+
+
+def _run(action, job_id, value, actor, using):
+    if action.name == "requeue":
+        transitions.requeue(job_id, actor=actor, using=using)
+    elif action.name == "retry_now":
+        transitions.retry_now(job_id, actor=actor, using=using)
+    elif action.name == "cancel":
+        # A running job is asked to abort; it ends cancelled when its worker stops it.
+        aborting.cancel(job_id, actor=actor, reason=f"cancelled by {actor}", using=using)
+    elif action.name == "change_priority":
+        transitions.change_priority(job_id, value, actor=actor, using=using)
+    elif action.name == "edit_payload":
+        transitions.change_payload(job_id, value, actor=actor, using=using)
+    elif action.name == "delete":
+        if not Job.objects.using(using).filter(id=job_id).delete()[0]:
+            raise JobNotFound(job_id)
+        log.info("deleted id=%s by=%s", job_id, actor)
+
+
+def apply(name, job_id, value=None, *, actor="", using=None):
+    """Apply one action to one job; raise InvalidJob, InvalidTransition or JobNotFound."""
+    action = get(name)
+    value = clean(action, value)
+    _run(action, job_id, value, actor, using or router.db_for_write(Job))
+
+
+def apply_many(name, queryset, value=None, *, actor="", batch_size=None, seconds=None):
+    """Apply an action to every job in ``queryset``, a batch per transaction, until done
+    or the time budget is spent. Jobs that changed state meanwhile are skipped."""
+    action = get(name)
+    value = clean(action, value)
+    batch_size = batch_size or settings.OPS_BATCH_SIZE
+    deadline = time.monotonic() + (settings.OPS_ACTION_SECONDS if seconds is None else seconds)
+    db = queryset.db
+    # Keyset over id: each batch is one index range, however large the match.
+    ids_qs = queryset.filter(state__in=action.states).order_by("id").values_list("id", flat=True)
+    out, last = Outcome(), 0
+    while True:
+        ids = list(ids_qs.filter(id__gt=last)[:batch_size])
+        if not ids:
+            return out
+        # One transaction per batch: locks are held for one batch only; each edge
+        # runs in its own savepoint so one refusal does not undo the others.
+        with transaction.atomic(using=db):
+            for job_id in ids:
+                try:
+                    with transaction.atomic(using=db):
+                        _run(action, job_id, value, actor, db)
+                    out.done += 1
+                except (InvalidTransition, JobNotFound) as exc:
+                    out.skipped += 1
+                    if len(out.errors) < 5:
+                        out.errors.append(str(exc))
+        last = ids[-1]
+        if time.monotonic() > deadline:
+            out.more = ids_qs.filter(id__gt=last).exists()
+            return out
+
+
+def request_stop(worker_ids, *, using=None):
+    """Ask running workers to stop; each sees it on its next heartbeat. Return how many."""
+    qs = Worker.objects.using(using or router.db_for_write(Worker)).alive()
+    return qs.filter(id__in=list(worker_ids), stop_requested_at__isnull=True).update(
+        stop_requested_at=timezone.now()
+    )

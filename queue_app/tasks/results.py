@@ -1,0 +1,159 @@
+"""django.tasks TaskResults read from our rows, and running a Task job in a worker.
+
+A result's history comes from the job's Event rows: each ``claimed`` event is an
+attempt (a ``released`` one gives it back), each ``failed``, ``dead_lettered`` or
+``recovered`` event is one failed attempt and becomes one TaskError. The history
+spans operator requeues, so ``attempt`` keeps counting after one.
+"""
+import builtins
+import inspect
+import logging
+from dataclasses import replace
+
+from django.db import router
+from django.tasks import TaskResult, TaskResultStatus
+from django.tasks.base import TaskError
+from django.tasks.exceptions import InvalidTask
+from django.tasks.signals import task_finished, task_started
+from django.utils.json import normalize_json
+
+from queue_app.handlers import registry
+from queue_app.handlers import context as running
+from queue_app.core import validation
+from queue_app.exceptions import InvalidJob, UnknownKind
+from queue_app.models import Event, EventType, Job, State
+
+log = logging.getLogger("queue_app")
+
+STATUS = {
+    State.PENDING: TaskResultStatus.READY,
+    State.LEASED: TaskResultStatus.RUNNING,
+    State.COMPLETED: TaskResultStatus.SUCCESSFUL,
+    State.DEAD_LETTER: TaskResultStatus.FAILED,
+    State.CANCELLED: TaskResultStatus.FAILED,
+}
+ERROR_EVENTS = (EventType.FAILED, EventType.DEAD_LETTERED, EventType.RECOVERED)
+HISTORY_EVENTS = (EventType.CLAIMED, EventType.RELEASED, *ERROR_EVENTS)
+
+
+class LeaseExpired(Exception):
+    """The worker running an attempt stopped renewing its lease (it died or hung)."""
+
+
+def _class_path(type_name):
+    """A dotted path TaskError.exception_class can import, from our stored error type."""
+    if "." in type_name:
+        return type_name
+    if isinstance(getattr(builtins, type_name, None), type):
+        return f"builtins.{type_name}"
+    if type_name == "LeaseExpired":
+        return f"{__name__}.LeaseExpired"
+    return type_name
+
+
+def task_error(error):
+    """A TaskError from the JSON a failed attempt stored (transitions.error_info)."""
+    error = error if isinstance(error, dict) else {"type": "Exception", "message": str(error)}
+    type_name = str(error.get("type") or "Exception")
+    tb = error.get("traceback") or f"{type_name}: {error.get('message', '')}\n"
+    return TaskError(exception_class_path=_class_path(type_name), traceback=tb)
+
+
+def arguments(job):
+    """The (args, kwargs) a Task job's payload holds.
+
+    A follow-up job (chaining.py) also holds its parent's outcome under ``parent``:
+    run() hands it to a task that takes a ``parent`` argument.
+    """
+    payload = job.payload
+    if not isinstance(payload, dict) or not set(payload) <= {"args", "kwargs", "parent"}:
+        raise TypeError(
+            f'job {job.id}: a task payload is {{"args": [...], "kwargs": {{...}}}}, got {payload!r}'
+        )
+    args, kwargs = payload.get("args", []), payload.get("kwargs", {})
+    if not isinstance(args, list) or not isinstance(kwargs, dict):
+        raise TypeError(f"job {job.id}: payload args must be a list and kwargs an object, got {payload!r}")
+    return args, kwargs
+
+
+def _db(job):
+    return job._state.db or router.db_for_read(Job)
+
+
+def _history(job):
+    return list(
+        Event.objects.using(_db(job)).filter(job_id=job.id, type__in=HISTORY_EVENTS).order_by("id")
+    )
+
+
+def _task_for_job(task, job, alias):
+    """The task as this job holds it: the row's priority and queue, read through ``alias``.
+
+    The row's budget and timeout stay on the row (Job.max_attempts, Job.timeout).
+    """
+    changes = {"backend": alias, "priority": job.priority, "queue_name": job.queue_name}
+    for attempt in (changes, {"backend": alias}):
+        try:
+            return replace(task, **attempt)
+        except InvalidTask:
+            # Rows an operator edited (a queue this backend does not list) still read.
+            continue
+    return task
+
+
+def from_job(job, task, alias, events=None):
+    """Build the TaskResult for ``job``, whose kind resolved to ``task``."""
+    events = _history(job) if events is None else events
+    worker_ids, attempted, errors = [], [], []
+    for event in events:
+        if event.type == EventType.CLAIMED:
+            worker_ids.append(event.worker)
+            attempted.append(event.at)
+        elif event.type == EventType.RELEASED and worker_ids:
+            # Given back before it started: not an attempt.
+            worker_ids.pop()
+            attempted.pop()
+        elif event.type in ERROR_EVENTS:
+            errors.append(task_error(event.metadata.get("error")))
+    try:
+        args, kwargs = arguments(job)
+    except TypeError:
+        args, kwargs = [], {}  # an edited payload the worker will refuse; still report the job
+    status = STATUS[job.state]
+    finished = status in (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED)
+    result = TaskResult(
+        task=_task_for_job(task, job, alias),
+        id=str(job.id),
+        status=status,
+        enqueued_at=job.created_at,
+        started_at=attempted[0] if attempted else job.started_at,
+        finished_at=job.finished_at if finished else None,
+        last_attempted_at=attempted[-1] if attempted else None,
+        args=args,
+        kwargs=kwargs,
+        backend=alias,
+        errors=errors,
+        worker_ids=worker_ids,
+    )
+    if job.state == State.COMPLETED:
+        object.__setattr__(result, "_return_value", job.result)
+    return result
+
+
+def pending(job, task, alias):
+    """The TaskResult of a job just enqueued: ready, no history yet."""
+    args, kwargs = arguments(job)
+    return TaskResult(
+        task=task,
+        id=str(job.id),
+        status=TaskResultStatus.READY,
+        enqueued_at=job.created_at,
+        started_at=None,
+        finished_at=None,
+        last_attempted_at=None,
+        args=args,
+        kwargs=kwargs,
+        backend=alias,
+        errors=[],
+        worker_ids=[],
+    )

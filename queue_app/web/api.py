@@ -1,0 +1,541 @@
+"""The JSON API under /api/, built with django-ninja (schema at /api/openapi.json,
+interactive docs at /api/docs).
+
+Every endpoint parses input, calls enqueueing / transitions / metrics, and renders the
+result. Auth: an API key in the X-API-Key header (API_KEY_HEADER) or a staff session;
+writes need a permission (a read-write key, or queue_app.add_job / change_job for
+users); reads are open without credentials only when API_READS_OPEN is True.
+"""
+from datetime import datetime
+from functools import wraps
+from typing import Any, Literal
+
+from django.http import Http404, HttpRequest, HttpResponseNotAllowed
+from ninja import Body, Field, NinjaAPI, Path, Query, Schema, Status
+from ninja.errors import AuthenticationError, HttpError, ValidationError
+from ninja.openapi.docs import Swagger
+from ninja.security import APIKeyHeader, SessionAuthIsStaff
+from pydantic import ConfigDict, StrictBool
+
+from queue_app.core import aborting
+from queue_app.core import enqueueing
+from queue_app.core import flow
+from queue_app.ops import metrics
+from queue_app.core import transitions
+from queue_app.core import validation
+from queue_app.web.auth import Principal, authenticate
+from queue_app.conf import settings
+from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound
+from queue_app.models import DeadLetter, Job, Pause, State, Worker
+
+MAX_ID = 2**63 - 1
+JobId = Path(..., ge=1, le=MAX_ID, description="The job's id.")
+StateName = Literal[tuple(State.values)]
+
+
+# --- authentication -------------------------------------------------------------------
+
+
+class KeyAuth(APIKeyHeader):
+    param_name = settings.API_KEY_HEADER
+
+    def authenticate(self, request, key):
+        api_key = authenticate(key)
+        return Principal(actor=f"api-key:{api_key.name}", key=api_key) if api_key else None
+
+
+class StaffSession(SessionAuthIsStaff):
+    def authenticate(self, request, key):
+        user = super().authenticate(request, key)
+        return Principal(actor=f"user:{user.get_username()}", user=user) if user else None
+
+
+def open_reads(request):
+    """Lets safe requests through without credentials when API_READS_OPEN is set."""
+    if settings.API_READS_OPEN and request.method in ("GET", "HEAD"):
+        return Principal(actor="anonymous")
+    return None
+
+
+class QueueAPI(NinjaAPI):
+    """A NinjaAPI whose 405 answers are JSON like every other refusal."""
+
+    @property
+    def urls(self):
+        patterns, app_name, namespace = super().urls
+        for pattern in patterns:
+            pattern.callback = _json_405(pattern.callback)
+        return patterns, app_name, namespace
+
+
+def _json_405(view):
+    # ninja answers a method no operation takes with a plain-text HttpResponseNotAllowed.
+    @wraps(view)
+    def check(request, *args, **kwargs):
+        response = view(request, *args, **kwargs)
+        if isinstance(response, HttpResponseNotAllowed):
+            allowed = response["Allow"]
+            message = f"{request.method} is not allowed here; allowed: {allowed}"
+            response = api.create_response(request, {"error": message, "field": None}, status=405)
+            response["Allow"] = allowed
+        return response
+
+    return check
+
+
+api = QueueAPI(
+    title="jobqueue API",
+    version="1",
+    description="Enqueue, inspect and operate the job queue.",
+    auth=[KeyAuth(), StaffSession(), open_reads],
+    urls_namespace="jobqueue-api",
+    # Served from ninja's bundled static files ("ninja" is in INSTALLED_APPS), not a CDN;
+    # no validator badge, which would be fetched from the internet.
+    docs=Swagger(settings={"validatorUrl": None}),
+)
+
+
+def _limit_body(run):
+    """Refuse bodies over API_MAX_BODY_BYTES before anything reads them."""
+
+    @wraps(run)
+    def check(request, *args, **kwargs):
+        limit = settings.API_MAX_BODY_BYTES
+        try:
+            length = int(request.META.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            length = 0
+        if length > limit:
+            return api.create_response(
+                request, {"error": f"the body is {length} bytes; the limit is {limit}", "field": None}, status=413
+            )
+        return run(request, *args, **kwargs)
+
+    return check
+
+
+api.add_decorator(_limit_body, mode="view")
+
+
+def _need(request, perm):
+    if not request.auth.can(perm):
+        raise HttpError(403, f"this write needs the {perm} permission (or a read-write API key)")
+    return request.auth.actor
+
+
+# --- errors: every refusal is JSON {"error": ..., "field": ...} -----------------------
+
+
+def _error(request, status, message, field=None, **extra):
+    return api.create_response(request, {"error": message, "field": field, **extra}, status=status)
+
+
+@api.exception_handler(InvalidJob)
+def _invalid_job(request, exc):
+    return _error(request, 400, str(exc), exc.field)
+
+
+@api.exception_handler(ValidationError)
+def _invalid_input(request, exc):
+    def name(loc):
+        loc = [str(p) for p in loc]
+        # ("body", <parameter>, field...) / ("query", field) / ("path", field)
+        loc = loc[2:] if loc[:1] == ["body"] else loc[1:]
+        return ".".join(loc) or None
+
+    first = exc.errors[0] if exc.errors else {}
+    field = name(first.get("loc", ()))
+    message = f"{field}: {first.get('msg', 'invalid')}" if field else first.get("msg", "invalid request body")
+    details = [{"field": name(e.get("loc", ())), "message": e.get("msg", "")} for e in exc.errors]
+    return _error(request, 400, message, field, details=details)
+
+
+@api.exception_handler(JobNotFound)
+def _not_found(request, exc):
+    return _error(request, 404, str(exc))
+
+
+@api.exception_handler(InvalidTransition)
+def _conflict(request, exc):
+    return _error(request, 409, str(exc), state=exc.state)
+
+
+@api.exception_handler(AuthenticationError)
+def _unauthenticated(request, exc):
+    return _error(request, 401, f"send an API key in the {settings.API_KEY_HEADER} header or log in as staff")
+
+
+@api.exception_handler(HttpError)
+def _http_error(request, exc):
+    return _error(request, exc.status_code, str(exc))
+
+
+@api.exception_handler(Http404)
+def _no_such_object(request, exc):
+    # Replaces ninja's own {"detail": ...} for Http404.
+    return _error(request, 404, str(exc) or "not found")
+
+
+# --- schemas ------------------------------------------------------------------------------
+
+
+class Refused(Schema):
+    error: str
+    field: str | None = None
+
+
+class Duplicate(Refused):
+    job_id: int
+
+
+# Any operation may refuse its input (400), its caller (401) or an oversized body (413);
+# a write also needs a permission (403).
+REFUSALS = {400: Refused, 401: Refused, 413: Refused}
+WRITE_REFUSALS = {**REFUSALS, 403: Refused}
+
+
+class JobIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: str = Field(..., description="Which handler runs the job.", examples=["email"])
+    payload: Any = Field(default=None, description="Any JSON value; {} when omitted.")
+    queue_name: str | None = None
+    priority: int | None = Field(default=None, description="-100..100, higher runs first.")
+    run_at: datetime | None = Field(default=None, description="Earliest start; timezone-aware ISO 8601.")
+    run_after: float | None = Field(default=None, description="Earliest start as seconds from now.")
+    max_attempts: int | None = None
+    idempotency_key: str | None = None
+    concurrency_key: str | None = Field(
+        default=None, description="With the kind's per_key limit, at most per_key jobs with this key run at once."
+    )
+    timeout: float | None = Field(default=None, description="Seconds one attempt may run.")
+    unique_for: float | None = Field(default=None, description="Seconds the idempotency key dedupes for.")
+    strict: bool = Field(default=False, description="409 instead of 200 when the idempotency key matches a job.")
+    on_success: dict | None = Field(default=None, description="Follow-up job template: kind, payload, options.")
+    on_failure: dict | None = Field(default=None, description="Follow-up job template when it dead-letters.")
+    webhook_url: str | None = Field(default=None, description="POSTed the outcome; host must be allow-listed.")
+    backoff_base: float | None = Field(default=None, description="Retry after backoff_base ** attempt seconds, 1..100.")
+    backoff_max: float | None = Field(default=None, description="Seconds; the cap on one retry delay.")
+    backoff_jitter: StrictBool | None = Field(default=None, description="Spread each retry over 0..delay.")
+
+
+class BulkIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+    jobs: list[JobIn]
+
+
+class RequeueIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+    payload: Any = Field(default=None, description="Replaces the payload when given.")
+    max_attempts: int | None = None
+
+
+class JobOut(Schema):
+    id: int
+    kind: str
+    queue_name: str
+    payload: Any
+    priority: int
+    run_at: datetime
+    state: str
+    status: str = Field(..., description="state, or retrying / scheduled for pending jobs.")
+    attempts: int
+    max_attempts: int
+    idempotency_key: str | None
+    concurrency_key: str | None = None
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    result: Any
+    last_error: Any
+    timeout: float | None
+    backoff_base: float | None
+    backoff_max: float | None
+    backoff_jitter: bool | None
+    cancel_requested_at: datetime | None = Field(None, description="Set while a running job is being aborted.")
+    progress: float | None = Field(None, description="0-100, as the running handler last reported.")
+    progress_message: str | None = None
+    metadata: Any = Field(None, description="JSON the handler attached.")
+
+
+class EventOut(Schema):
+    id: int
+    type: str
+    at: datetime
+    attempt: int
+    worker: str
+    from_state: str
+    to_state: str
+    message: str
+    metadata: Any
+
+
+class JobDetail(JobOut):
+    events: list[EventOut]
+
+
+class JobPage(Schema):
+    items: list[JobOut]
+    next_before: int | None = Field(None, description="Pass as ?before= for the next (older) page.")
+
+
+class DeadLetterOut(Schema):
+    id: int
+    job_id: int
+    kind: str
+    payload: Any
+    attempts: int
+    error: Any
+    reason: str
+    created_at: datetime
+    resolved_at: datetime | None
+    resolution: str
+
+
+class DeadLetterPage(Schema):
+    items: list[DeadLetterOut]
+    next_before: int | None = None
+
+
+class WorkerOut(Schema):
+    id: int
+    name: str
+    host: str
+    pid: int
+    queues: Any
+    kinds: Any
+    concurrency: int
+    threads: int
+    state: str
+    started_at: datetime
+    last_heartbeat: datetime
+    stopped_at: datetime | None
+    stop_requested_at: datetime | None
+    jobs_in_hand: int
+    jobs_done: int
+
+
+class Stats(Schema):
+    jobs: dict[str, int]
+    jobs_by_queue: dict[str, dict[str, int]]
+    jobs_by_kind: dict[str, dict[str, int]]
+    events: dict[str, int]
+    oldest_pending_seconds: float
+    dead_letters: int
+    workers: dict[str, int]
+
+
+def _options(job: JobIn):
+    data = job.model_dump(exclude_unset=True)
+    data.pop("strict", None)
+    return data.pop("kind"), data.pop("payload", None), data
+
+
+def _name_filter(value, field):
+    if value is not None and (len(value) > 255 or not validation.NAME_RE.match(value)):
+        raise InvalidJob(f"{field} {value[:50]!r} is not a valid {field} name", field)
+    return value
+
+
+def _limit(value):
+    return min(value or settings.API_PAGE_SIZE, settings.API_MAX_PAGE_SIZE)
+
+
+def _page(qs, before, limit):
+    if before is not None:
+        qs = qs.filter(id__lt=before)
+    rows = list(qs.order_by("-id")[: limit + 1])
+    return rows[:limit], (rows[limit - 1].id if len(rows) > limit else None)
+
+
+# --- jobs ------------------------------------------------------------------------------------
+
+
+@api.post("/jobs", response={200: JobOut, 201: JobOut, **WRITE_REFUSALS, 409: Duplicate}, tags=["jobs"])
+def create_job(request: HttpRequest, job: JobIn = Body(...)):
+    """Enqueue a job: 201 with the new job, 200 with the existing one on an idempotency-key
+    match (409 naming it when ``strict`` is true)."""
+    _need(request, "queue_app.add_job")
+    kind, payload, options = _options(job)
+    created = enqueueing.enqueue(kind, payload, **options)
+    if job.strict and not created.was_created:
+        message = f"idempotency_key matches job {created.id} ({created.state}); it was not enqueued again"
+        return Status(409, {"error": message, "field": "idempotency_key", "job_id": created.id})
+    return Status(201 if created.was_created else 200, created)
+
+
+@api.post("/jobs/bulk", response={201: list[JobOut], **WRITE_REFUSALS}, tags=["jobs"])
+def create_jobs(request: HttpRequest, body: BulkIn):
+    """Enqueue many jobs in one transaction: all or none."""
+    _need(request, "queue_app.add_job")
+    if not 1 <= len(body.jobs) <= settings.MAX_BATCH:
+        raise InvalidJob(f"jobs must hold 1..{settings.MAX_BATCH} entries, got {len(body.jobs)}", "jobs")
+    specs = []
+    for i, job in enumerate(body.jobs):
+        try:
+            kind, payload, options = _options(job)
+        except InvalidJob as exc:
+            raise InvalidJob(f"job {i}: {exc}", exc.field) from None
+        specs.append({"kind": kind, "payload": payload, **options})
+    return Status(201, enqueueing.bulk_enqueue(specs))
+
+
+@api.get("/jobs", response={200: JobPage, **REFUSALS}, tags=["jobs"])
+def list_jobs(
+    request: HttpRequest,
+    state: StateName | None = None,
+    kind: str | None = Query(None, max_length=255),
+    queue: str | None = Query(None, max_length=255),
+    before: int | None = Query(None, ge=1, le=MAX_ID, description="Only jobs with a smaller id."),
+    limit: int | None = Query(None, ge=1, le=10_000),
+):
+    """Jobs, newest first, filtered by state, kind and queue; paginate with ``before``."""
+    qs = Job.objects.all()
+    if state:
+        qs = qs.filter(state=state)
+    if _name_filter(kind, "kind"):
+        qs = qs.filter(kind=kind)
+    if _name_filter(queue, "queue"):
+        qs = qs.filter(queue_name=queue)
+    items, next_before = _page(qs, before, _limit(limit))
+    return {"items": items, "next_before": next_before}
+
+
+@api.get("/jobs/{job_id}", response={200: JobDetail, **REFUSALS, 404: Refused}, tags=["jobs"])
+def get_job(request: HttpRequest, job_id: int = JobId):
+    """One job with its whole event timeline."""
+    job = Job.objects.filter(id=job_id).prefetch_related("events").first()
+    if job is None:
+        raise JobNotFound(job_id)
+    return job
+
+
+@api.delete("/jobs/{job_id}", response={200: JobOut, 202: JobOut, **WRITE_REFUSALS, 404: Refused, 409: Refused}, tags=["jobs"])
+def cancel_job(request: HttpRequest, job_id: int = JobId):
+    """Cancel a pending job (200), or ask the worker running a leased one to abort it
+    (202: it ends cancelled when its handler stops or is killed); 409 when it has finished."""
+    actor = _need(request, "queue_app.change_job")
+    job = aborting.cancel(job_id, actor=actor, reason="cancelled over the API")
+    return Status(202 if job.state == State.LEASED else 200, job)
+
+
+@api.post("/jobs/{job_id}/requeue", response={200: JobOut, **WRITE_REFUSALS, 404: Refused, 409: Refused}, tags=["jobs"])
+def requeue_job(request: HttpRequest, job_id: int = JobId, body: RequeueIn | None = Body(None)):
+    """Send a dead-lettered or cancelled job back to pending with a fresh budget."""
+    actor = _need(request, "queue_app.change_job")
+    kwargs = {}
+    if body is not None:
+        fields = body.model_dump(exclude_unset=True)
+        if "payload" in fields:
+            kwargs["payload"] = {} if fields["payload"] is None else fields["payload"]
+        if fields.get("max_attempts") is not None:
+            kwargs["max_attempts"] = fields["max_attempts"]
+    return transitions.requeue(job_id, actor=actor, **kwargs)
+
+
+# --- stats, dead letters, workers ------------------------------------------------------------
+
+
+@api.get("/stats", response={200: Stats, **REFUSALS}, tags=["queue"])
+def stats(request: HttpRequest):
+    """Job counts by state, queue and kind; event totals; backlog age; dead letters; workers."""
+    snap = metrics.snapshot()
+
+    def nest(pairs):
+        out = {}
+        for (name, state), n in sorted(pairs.items()):
+            out.setdefault(name, {})[state] = n
+        return out
+
+    return {
+        "jobs": snap.jobs,
+        "jobs_by_queue": nest(snap.jobs_by_queue),
+        "jobs_by_kind": nest(snap.jobs_by_kind),
+        "events": snap.events,
+        "oldest_pending_seconds": snap.oldest_pending_seconds,
+        "dead_letters": snap.dead_letters,
+        "workers": snap.workers,
+    }
+
+
+@api.get("/dead-letters", response={200: DeadLetterPage, **REFUSALS}, tags=["dead letters"])
+def list_dead_letters(
+    request: HttpRequest,
+    resolved: bool = Query(False, description="true: resolved ones instead of open ones."),
+    before: int | None = Query(None, ge=1, le=MAX_ID),
+    limit: int | None = Query(None, ge=1, le=10_000),
+):
+    """Dead letters, newest first: unresolved unless ?resolved=true."""
+    qs = DeadLetter.objects.filter(resolved_at__isnull=not resolved)
+    items, next_before = _page(qs, before, _limit(limit))
+    return {"items": items, "next_before": next_before}
+
+
+@api.post(
+    "/dead-letters/{letter_id}/replay",
+    response={200: JobOut, **WRITE_REFUSALS, 404: Refused, 409: Refused},
+    tags=["dead letters"],
+)
+def replay_dead_letter(request: HttpRequest, letter_id: int = Path(..., ge=1, le=MAX_ID)):
+    """Requeue the dead letter's job; 409 when it was already resolved."""
+    actor = _need(request, "queue_app.change_job")
+    letter = DeadLetter.objects.filter(id=letter_id).first()
+    if letter is None:
+        raise Http404(f"dead letter {letter_id} does not exist")
+    if letter.resolved_at is not None:
+        message = f"dead letter {letter_id} was already {letter.resolution or 'resolved'}"
+        return Status(409, {"error": message, "field": None})
+    return transitions.requeue(letter.job_id, actor=actor)
+
+
+@api.get("/workers", response={200: list[WorkerOut], **REFUSALS}, tags=["queue"])
+def list_workers(request: HttpRequest, limit: int | None = Query(None, ge=1, le=10_000)):
+    """Registered workers, newest first."""
+    return list(Worker.objects.order_by("-started_at", "-id")[: _limit(limit)])
+
+
+# --- flow control: pauses (flow.py) ----------------------------------------------------------
+
+
+class PauseIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+    queue: str | None = None
+    kind: str | None = None
+    reason: str = ""
+
+
+class PauseOut(Schema):
+    scope: str
+    name: str
+    created_at: datetime
+    actor: str
+    reason: str
+
+
+@api.get("/pauses", response={200: list[PauseOut], **REFUSALS}, tags=["queue"])
+def list_pauses(request: HttpRequest):
+    """Paused queues and kinds: their pending jobs are not leased until resumed."""
+    return list(Pause.objects.all())
+
+
+@api.post("/pauses", response={201: PauseOut, 200: PauseOut, **WRITE_REFUSALS}, tags=["queue"])
+def create_pause(request: HttpRequest, body: PauseIn):
+    """Pause a queue or a kind cluster-wide (201; 200 if it already was)."""
+    actor = _need(request, "queue_app.change_job")
+    validation.text(body.reason, "reason")
+    paused, created = flow.pause(queue=body.queue, kind=body.kind, actor=actor, reason=body.reason)
+    return Status(201 if created else 200, paused)
+
+
+@api.delete("/pauses", response={200: dict, **WRITE_REFUSALS, 404: Refused}, tags=["queue"])
+def delete_pause(request: HttpRequest, queue: str | None = Query(None), kind: str | None = Query(None)):
+    """Resume a paused queue (?queue=) or kind (?kind=); 404 when it was not paused."""
+    _need(request, "queue_app.change_job")
+    if not flow.resume(queue=queue, kind=kind):
+        return Status(404, {"error": f"{'queue' if queue else 'kind'} {queue or kind!r} is not paused", "field": None})
+    return {"resumed": queue or kind}

@@ -1,0 +1,91 @@
+"""/metrics over HTTP: the Django view, and a small WSGI server for `manage.py metrics`
+and `runworker --metrics-addr`.
+
+Protection: with METRICS_TOKEN set a scrape must send ``Authorization: Bearer <token>``
+(or basic auth whose password is the token, for scrapers that only do basic auth).
+Without a token only loopback clients are served, unless METRICS_PUBLIC is True.
+"""
+import base64
+import hmac
+import ipaddress
+import socket
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from django.http import HttpResponse
+from django.views.decorators.http import require_GET
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from queue_app.core import addresses
+from queue_app.ops import metrics
+from queue_app.conf import settings
+
+
+def allowed(authorization, remote_addr):
+    """True when a scrape with this Authorization header from this address may read."""
+    token = settings.METRICS_TOKEN
+    if token:
+        scheme, _, value = (authorization or "").partition(" ")
+        if scheme.lower() == "bearer":
+            return hmac.compare_digest(value.strip().encode(), str(token).encode())
+        if scheme.lower() == "basic":
+            try:
+                _, _, password = base64.b64decode(value.strip()).decode().partition(":")
+            except (ValueError, UnicodeDecodeError):
+                return False
+            return hmac.compare_digest(password.encode(), str(token).encode())
+        return False
+    if settings.METRICS_PUBLIC:
+        return True
+    try:
+        return ipaddress.ip_address((remote_addr or "").split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def _refused():
+    body = b"metrics need a token (METRICS_TOKEN) or a loopback client\n"
+    headers = {"WWW-Authenticate": 'Bearer realm="jobqueue metrics"'}
+    return 401, body, headers
+
+
+@require_GET
+def metrics_view(request):
+    """GET /metrics: the Prometheus exposition of a fresh snapshot."""
+    if not allowed(request.headers.get("Authorization"), request.META.get("REMOTE_ADDR")):
+        status, body, headers = _refused()
+        return HttpResponse(body, status=status, content_type="text/plain", headers=headers)
+    return HttpResponse(metrics.render(), content_type=CONTENT_TYPE_LATEST)
+
+
+def wsgi_app(environ, start_response):
+    """A WSGI app that answers /metrics (any path) for the standalone server."""
+    try:
+        if environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
+            status, body, headers = "405 Method Not Allowed", b"GET only\n", {"Allow": "GET"}
+        elif not allowed(environ.get("HTTP_AUTHORIZATION"), environ.get("REMOTE_ADDR")):
+            code, body, headers = _refused()
+            status = f"{code} Unauthorized"
+        else:
+            status, body, headers = "200 OK", metrics.render(), {"Content-Type": CONTENT_TYPE_LATEST}
+    finally:
+        # Outside Django's request cycle nobody else closes the connection.
+        metrics.close_connections()
+    headers = {"Content-Type": "text/plain", **headers, "Content-Length": str(len(body))}
+    start_response(status, list(headers.items()))
+    return [b"" if environ.get("REQUEST_METHOD") == "HEAD" else body]
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002  (the stdlib's name)
+        pass
+
+
+def server(addr):
+    """A single-threaded WSGI server for ``addr`` (call serve_forever() on it)."""
+    host, port = addresses.parse(addr)
+    cls = WSGIServer
+    if ":" in host:
+
+
+        cls = type("WSGIServerV6", (WSGIServer,), {"address_family": socket.AF_INET6})
+    return make_server(host, port, wsgi_app, server_class=cls, handler_class=_QuietHandler)

@@ -1,0 +1,16 @@
+from django.urls import path
+
+from queue_app.web import views
+
+app_name = "queue_app_dashboard"
+
+urlpatterns = [
+    path("", views.overview, name="overview"),
+    path("jobs/", views.jobs, name="jobs"),
+    path("jobs/<int:job_id>/", views.job, name="job"),
+    path("jobs/<int:job_id>/<slug:action>/", views.job_action, name="job_action"),
+    path("dead-letters/", views.dead_letters, name="dead_letters"),
+    path("workers/", views.workers, name="workers"),
+    path("workers/<int:worker_id>/stop/", views.worker_stop, name="worker_stop"),
+    path("queues/", views.queues, name="queues"),
+]

@@ -1,0 +1,138 @@
+"""Running one job's handler and reporting the outcome through transitions.
+
+The worker (issue: runworker) builds on ``execute``; ``run_one`` is the smallest
+complete loop: claim one job, run it, complete or fail it.
+"""
+import asyncio
+import inspect
+import logging
+import os
+import socket
+import traceback
+import uuid
+
+from queue_app.worker import capture
+from queue_app.handlers import registry
+from queue_app.handlers import context as running
+from queue_app.tasks import running as task_running
+from queue_app.core import transitions
+from queue_app.exceptions import UnknownKind
+
+log = logging.getLogger("queue_app")
+
+
+def default_worker_id():
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def call_handler(job, *, worker_id=None, abort_probe=None):
+    """Run the job's handler and return its value (awaiting it if it is a coroutine).
+
+    The handler sees the job as ``current_job()`` (running.py). Raise running.Aborted,
+    whatever it returned or raised, if the job's abort was requested by the time it ended.
+    """
+    func = registry.get(job.kind)
+    with running.activate(job, worker_id=worker_id or job.lease_owner, abort_probe=abort_probe) as ctx:
+        try:
+            result = _call(func, job)
+        except Exception as exc:
+            running.settle(ctx, exc)
+            raise
+        running.settle(ctx)
+    return result
+
+
+class HandlerExit(Exception):
+    """A handler raised SystemExit or KeyboardInterrupt: its attempt fails like any error."""
+
+
+def _call(func, job):
+    try:
+        if registry.is_task(func):
+            # A django.tasks function: args/kwargs, TaskContext and Django's task signals.
+            return task_running.run(job, func)
+        result = func(job.payload, job=job) if registry.wants_job(func) else func(job.payload)
+        if inspect.isawaitable(result):
+            result = asyncio.run(_await(result))
+        return result
+    except (SystemExit, KeyboardInterrupt) as exc:
+        # Left to rise, sys.exit() in a handler would end the worker thread (and its
+        # process) with the job in hand. (Children ignore SIGINT: a real Ctrl-C is not this.)
+        raise HandlerExit(f"the handler raised {exc!r}") from exc
+
+
+async def _await(awaitable):
+    return await awaitable
+
+
+def execute(job, worker_id, *, abort_probe=None, using=None):
+    """Run a claimed job and record the outcome; return the new state (None if the lease was lost)."""
+    output = capture.Capture()  # what the handler prints goes with the attempt's event
+    try:
+        with output:
+            result = call_handler(job, worker_id=worker_id, abort_probe=abort_probe)
+    except running.Aborted as exc:
+        return _settled(job, aborted(job, worker_id, exc, using=using), using)
+    except UnknownKind as exc:
+        # Retrying cannot help until someone deploys a handler: dead-letter at once.
+        return _settled(job, transitions.fail(
+            job.id, worker_id=worker_id, attempt=job.attempts,
+            error=transitions.error_info(exc), retry=False, output=output.value(), using=using,
+        ), using)
+    except Exception as exc:
+        log.info("failed id=%s kind=%s attempt=%s: %r", job.id, job.kind, job.attempts, exc)
+        return _settled(job, transitions.fail(
+            job.id, worker_id=worker_id, attempt=job.attempts,
+            error=transitions.error_info(exc, traceback.format_exc()), output=output.value(), using=using,
+        ), using)
+    try:
+        done = transitions.complete(
+            job.id, worker_id=worker_id, attempt=job.attempts, result=result, output=output.value(), using=using
+        )
+    except ValueError as exc:  # the handler returned something JSON cannot hold
+        return _settled(job, transitions.fail(
+            job.id, worker_id=worker_id, attempt=job.attempts,
+            error=transitions.error_info(exc), retry=False, output=output.value(), using=using,
+        ), using)
+    return _settled(job, "completed" if done else None, using)
+
+
+def _settled(job, state, using):
+    """Return ``state`` once Django's task_finished went out for a django.tasks job: after
+    the outcome is recorded, and inside the caller's exception handler if it failed."""
+    task_running.finished(job, state=state, using=using)
+    return state
+
+
+def settles_alone(job):
+    """Whether the worker must settle ``job`` through execute() rather than a batched ack:
+    a django.tasks job's task_finished waits for its outcome to be recorded."""
+    try:
+        return registry.is_task(registry.get(job.kind))
+    except Exception:
+        # Unknown, or its module fails to import: call_handler() meets the same error
+        # and fails the attempt through the usual path.
+        return False
+
+
+def aborted(job, worker_id, exc, *, using=None):
+    """Settle a job whose handler ended after its abort was requested: it is cancelled."""
+    log.info("aborted id=%s kind=%s attempt=%s: the handler %s", job.id, job.kind, job.attempts, exc.how)
+    error = transitions.error_info(exc.error) if exc.error is not None else None
+    done = transitions.abort(
+        job.id, worker_id=worker_id, attempt=job.attempts, how=f"the handler {exc.how} after the abort request",
+        error=error, using=using,
+    )
+    return "cancelled" if done else None
+
+
+def run_one(*, worker_id=None, queues=None, kinds=None, using=None, **claim_options):
+    """Claim, run and settle one ready job; return it refreshed, or None if none was ready."""
+    worker_id = worker_id or default_worker_id()
+    jobs = transitions.claim(worker_id, limit=1, queues=queues, kinds=kinds, using=using, **claim_options)
+    if not jobs:
+        return None
+    job = jobs[0]
+    execute(job, worker_id, using=using)
+    job.refresh_from_db()
+    return job

@@ -1,0 +1,394 @@
+"""The worker loop: lease a batch, run each job's handler, settle it through transitions.
+
+``run(options)`` starts the supervisor (supervisor.py) that forks ``concurrency``
+child processes; each child runs ``Loop`` on ``threads`` threads. ``run_once()`` is the
+same loop body in the calling process, for scripts and tests.
+
+What the supervisor and a child share is a small block of shared memory (slots.py):
+per thread, the job it is running, its attempt and its deadline, and the finished jobs
+awaiting a batched acknowledgement. The supervisor reads it to kill a child whose job
+overran, and to settle what a child that died had in hand. Everything else goes
+through the database. How an idle child waits (poll, or LISTEN) is wakeup.py.
+"""
+import ctypes
+import functools
+import logging
+import os
+import signal
+import threading
+import time
+import traceback
+from collections import deque
+from dataclasses import dataclass
+
+from django.db import close_old_connections, connection, connections
+
+from queue_app.worker import capture
+from queue_app.worker import execution
+from queue_app.handlers import context as running
+from queue_app.core import transitions
+from queue_app.core import validation
+from queue_app.conf import settings
+from queue_app.exceptions import UnknownKind
+from queue_app.worker.wakeup import Waiter
+
+log = logging.getLogger("queue_app")
+
+# Longest a finished job waits for its batched acknowledgement while others run.
+ACK_DELAY = 0.05
+# Failed claims in a row after which a --burst worker gives up instead of retrying.
+BURST_CLAIM_RETRIES = 5
+
+
+@dataclass(frozen=True)
+class Options:
+    """How a worker runs; every field defaults from queue_app.conf."""
+
+    queues: tuple = ()
+    kinds: tuple = ()
+    concurrency: int = None
+    threads: int = None
+    batch: int = None
+    lease: float = None
+    poll: float = None
+    aging: float = None
+    heartbeat: float = None
+    recovery_interval: float = None
+    grace: float = None
+    timeout: float = None
+    max_jobs: int = None
+    max_runtime: float = None
+    burst: bool = None
+    name: str = None
+
+    def resolved(self):
+        """Return a copy with every unset knob filled from settings."""
+        lease = float(self.lease if self.lease is not None else settings.LEASE_SECONDS)
+        heartbeat = self.heartbeat if self.heartbeat is not None else settings.HEARTBEAT_INTERVAL
+        return Options(
+            queues=tuple(self.queues or settings.WORKER_QUEUES or ["*"]),
+            kinds=tuple(self.kinds or settings.WORKER_KINDS or ()),
+            concurrency=int(self.concurrency or settings.WORKER_CONCURRENCY),
+            threads=int(self.threads or settings.WORKER_THREADS),
+            batch=int(self.batch or settings.WORKER_BATCH),
+            lease=lease,
+            poll=float(self.poll if self.poll is not None else settings.POLL_INTERVAL),
+            aging=float(self.aging if self.aging is not None else settings.AGING_INTERVAL),
+            # Renew well inside the lease so one slow round trip does not lose it.
+            heartbeat=float(heartbeat if heartbeat else lease / 3),
+            recovery_interval=float(
+                self.recovery_interval if self.recovery_interval is not None else settings.RECOVERY_INTERVAL
+            ),
+            grace=float(self.grace if self.grace is not None else settings.GRACE_SECONDS),
+            timeout=self.timeout if self.timeout is not None else settings.DEFAULT_TIMEOUT,
+            max_jobs=self.max_jobs if self.max_jobs is not None else settings.WORKER_MAX_JOBS,
+            max_runtime=self.max_runtime if self.max_runtime is not None else settings.WORKER_MAX_RUNTIME,
+            burst=bool(self.burst if self.burst is not None else settings.WORKER_BURST),
+            name=self.name or execution.default_worker_id(),
+        )
+
+
+def run_once(options=None, *, worker_id=None):
+    """Claim one batch and run it here, in this process; return [(job_id, outcome)]."""
+    options = (options or Options()).resolved()
+    worker_id = worker_id or f"{options.name}/0.0"
+    jobs = _claim(options, worker_id, options.batch)
+    return [(job.id, execution.execute(job, worker_id)) for job in jobs]
+
+
+def _claim_options(options, limit):
+    return dict(
+        limit=limit,
+        queues=list(options.queues),
+        kinds=list(options.kinds) or None,
+        lease_seconds=options.lease,
+        aging=options.aging,
+    )
+
+
+def _claim(options, owner, limit):
+    return transitions.claim(owner, **_claim_options(options, limit))
+
+
+class Loop:
+    """One child process: threads that take jobs from a local buffer refilled by claims."""
+
+    def __init__(self, options, owner, slots, budget):
+        self.options = options
+        self.owner = owner
+        self.slots = slots
+        self.budget = budget
+        self.buffer = deque()
+        self.lock = threading.Lock()
+        # job id -> its Slots buffer cell, for the jobs in self.buffer.
+        self.buffered = {}
+        self.cell_lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.waiter = None
+        self.acks = []
+        self.acks_since = 0.0
+        self.ack_lock = threading.Lock()
+        # One acknowledgement in flight at a time: its jobs keep their Slots cells until it
+        # commits, and Slots has room for one batch in flight and one filling.
+        self.flush_lock = threading.Lock()
+        self.claim_errors = 0
+
+    def run(self):
+        """Run until stopped, drained (burst) or out of budget; release what is left."""
+        signal.signal(signal.SIGTERM, lambda *_: self.stopping.set())
+        # Ctrl-C reaches the whole process group; the supervisor decides what it means.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        self.waiter = Waiter.for_connection(self.options)
+        threading.Thread(target=self._flusher, name="jq-acks", daemon=True).start()
+        try:
+            if self.options.threads == 1:
+                self._thread(0)
+            else:
+                threads = [
+                    threading.Thread(target=self._thread, args=(i,), name=f"jq-{i}", daemon=True)
+                    for i in range(self.options.threads)
+                ]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    # A timed join keeps the main thread free to run signal handlers.
+                    while t.is_alive():
+                        t.join(0.2)
+            self._release_buffer()
+        finally:
+            if self.waiter:
+                self.waiter.close()
+        self.slots.mark_clean()
+
+    def _thread(self, i):
+        try:
+            while True:
+                job = self._next()
+                if job is None:
+                    return
+                self._run(i, job)
+        finally:
+            connection.close()
+
+    def _next(self):
+        with self.lock:
+            while not self.stopping.is_set():
+                if self.buffer:
+                    return self.buffer.popleft()
+                limit = self.budget.take(self.options.batch)
+                if not limit:
+                    self._flush_acks()
+                    return None
+                try:
+                    jobs = self._settle_and_claim(limit)
+                    self.claim_errors = 0
+                except Exception as exc:
+                    # The traceback once per outage; a line per retry after that.
+                    self.claim_errors += 1
+                    if self.claim_errors == 1:
+                        log.exception("claim failed worker=%s; retrying every %ss", self.owner, self.options.poll)
+                    else:
+                        log.warning("claim failed again worker=%s (%s times): %s", self.owner, self.claim_errors, exc)
+                    close_old_connections()
+                    connection.close()
+                    jobs = []
+                self.budget.give_back(limit - len(jobs))
+                if jobs:
+                    with self.cell_lock:
+                        for job in jobs:
+                            self.buffered[job.id] = self.slots.hold_buffered(job.id, job.attempts)
+                    self.buffer.extend(jobs)
+                    continue
+                # A burst worker leaves when the queue is empty, not when one claim
+                # failed: it retries a few polls first, as a long-running one retries always.
+                if self.options.burst and not 0 < self.claim_errors < BURST_CLAIM_RETRIES:
+                    return None
+                try:
+                    self.waiter.wait(self.options.poll, self.stopping)
+                except Exception:  # the waiters handle their own; never lose the thread
+                    log.exception("waiting for work failed worker=%s", self.owner)
+                    self.stopping.wait(self.options.poll)
+            return None
+
+    def _run(self, i, job):
+        cell = self.buffered[job.id]
+        if self.slots.buffered_abort_requested(cell, job.id):
+            return self._abort_unstarted(job)
+        timeout = job.timeout if job.timeout is not None else self.options.timeout
+        if timeout:
+            # This job may get the process killed: settle the finished ones first.
+            self._flush_acks()
+        self.slots.start(i, job.id, job.attempts, timeout)
+        # Only now: the supervisor always sees the job as buffered or running.
+        self._unbuffer(job)
+        # The supervisor flags an abort request in this thread's cell (aborting.py).
+        probe = functools.partial(self.slots.abort_requested, i, job.id)
+        try:
+            if not execution.settles_alone(job):
+                self._execute_batched(job, probe)
+            else:
+                execution.execute(job, self.owner, abort_probe=probe)
+        except Exception:
+            # Settling failed (database gone?): the lease lapses and recovery takes it back.
+            log.exception("could not settle id=%s worker=%s", job.id, self.owner)
+            connection.close()
+        finally:
+            self.slots.clear(i)
+            self.slots.add_done()
+
+    def _unbuffer(self, job):
+        with self.cell_lock:
+            self.slots.drop_buffered(self.buffered.pop(job.id))
+
+    def _abort_unstarted(self, job):
+        """Cancel a claimed job whose abort the supervisor flagged before it started."""
+        try:
+            transitions.abort(job.id, worker_id=self.owner, attempt=job.attempts,
+                              how="was not started (its abort was requested while it waited its turn)")
+        except Exception:
+            log.exception("could not cancel id=%s worker=%s; its lease will lapse", job.id, self.owner)
+            connection.close()
+        finally:
+            self._unbuffer(job)
+            self.slots.add_done()
+
+    def _execute_batched(self, job, abort_probe=None):
+        """execution.execute(), except that a success is acknowledged with others in one
+        transaction (complete_many). A job is never reported done before its handler
+        returned; a crash before the flush means those jobs run again (at-least-once)."""
+        output = capture.Capture()  # as execute(): per thread, kept with the attempt
+        try:
+            with output:
+                value = execution.call_handler(job, worker_id=self.owner, abort_probe=abort_probe)
+        except running.Aborted as exc:
+            execution.aborted(job, self.owner, exc)
+            return
+        except UnknownKind as exc:
+            # As execute(): retrying cannot help until a handler is deployed.
+            self._fail(job, exc, retry=False, output=output.value())
+            return
+        except Exception as exc:
+            self._fail(job, exc, output=output.value())
+            return
+        try:
+            result = validation.payload(value, "result")
+        except ValueError as exc:  # the handler returned something JSON cannot hold
+            self._fail(job, exc, retry=False, output=output.value())
+            return
+        with self.ack_lock:
+            if not self.acks:
+                self.acks_since = time.monotonic()
+            cell = self.slots.hold_ack(job.id, job.attempts)
+            self.acks.append((job.id, job.attempts, result, cell, output.value()))
+            due = len(self.acks) >= self.options.batch or time.monotonic() - self.acks_since > ACK_DELAY
+        # With nothing left in the buffer this thread's next step is a claim, which takes
+        # the acknowledgement along (_settle_and_claim); the flusher bounds the wait if
+        # another thread holds the claim.
+        if due and self.buffer:
+            self._flush_acks()
+
+    def _fail(self, job, exc, retry=True, output=None):
+        log.info("failed id=%s kind=%s attempt=%s: %r", job.id, job.kind, job.attempts, exc)
+        tb = traceback.format_exc() if retry else ""
+        transitions.fail(job.id, worker_id=self.owner, attempt=job.attempts,
+                         error=transitions.error_info(exc, tb), retry=retry, output=output)
+
+    def _flusher(self):
+        """Acknowledge finished jobs that have waited ACK_DELAY, e.g. behind a long job."""
+        try:
+            while not self.stopping.wait(ACK_DELAY):
+                with self.ack_lock:
+                    overdue = self.acks and time.monotonic() - self.acks_since > ACK_DELAY
+                if overdue:
+                    self._flush_acks()
+        finally:
+            connection.close()
+
+    def _flush_acks(self):
+        with self.flush_lock:
+            self._flush_acks_locked()
+
+    def _flush_acks_locked(self):
+        with self.ack_lock:
+            acks, self.acks = self.acks, []
+        if not acks:
+            return
+        try:
+            self._acknowledge(acks)
+        finally:
+            with self.ack_lock:
+                self.slots.drop_acks([a[3] for a in acks])
+
+    def _acknowledge(self, acks):
+        try:
+            transitions.complete_many([(*a[:3], a[4]) for a in acks], worker_id=self.owner)
+        except Exception:
+            # The leases lapse and recovery hands the jobs out again: at-least-once.
+            log.exception("could not acknowledge %s jobs worker=%s", len(acks), self.owner)
+            connection.close()
+
+    def _settle_and_claim(self, limit):
+        """Claim up to ``limit`` jobs, acknowledging the finished ones in the same
+        transaction (transitions.complete_and_claim): one commit per job at --batch 1."""
+        with self.flush_lock:
+            with self.ack_lock:
+                acks, self.acks = self.acks, []
+            if not acks:
+                return _claim(self.options, self.owner, limit)
+            try:
+                _, jobs = transitions.complete_and_claim(
+                    [(*a[:3], a[4]) for a in acks], self.owner, **_claim_options(self.options, limit)
+                )
+                return jobs
+            except Exception:
+                # Both rolled back: acknowledge on their own, and let the caller's retry
+                # path deal with the claim.
+                connection.close()
+                self._acknowledge(acks)
+                raise
+            finally:
+                with self.ack_lock:
+                    self.slots.drop_acks([a[3] for a in acks])
+
+    def _release_buffer(self):
+        self._flush_acks()
+        while self.buffer:
+            job = self.buffer.popleft()
+            try:
+                transitions.release(job.id, worker_id=self.owner, attempt=job.attempts)
+            except Exception:
+                log.exception("could not release id=%s; its lease will lapse", job.id)
+            finally:
+                self._unbuffer(job)
+        connection.close()
+
+
+def child_main(options, owner, slots, budget, parent_pid):
+    """Entry point of a forked child; never returns."""
+    code = 0
+    try:
+        _die_with_parent(parent_pid)
+        connections.close_all()
+        Loop(options, owner, slots, budget).run()
+    except BaseException:
+        log.exception("worker child %s failed", owner)
+        code = 1
+    finally:
+        try:
+            connections.close_all()
+        finally:
+            # Skip the parent's atexit hooks and buffers (pytest, Django): this is a fork.
+            os._exit(code)
+
+
+def _die_with_parent(parent_pid):
+    """Ask Linux to SIGKILL this child if the supervisor dies, so no orphan keeps running
+    jobs whose leases nobody renews."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)

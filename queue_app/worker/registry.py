@@ -1,0 +1,162 @@
+"""The worker registry: runworker supervisors register, heartbeat and deregister here,
+and `workers` / `stopworkers` read and write it from any host.
+
+A stop request is a timestamp on the row, not a signal: it works across hosts, and a
+worker sees it on its next heartbeat.
+"""
+import socket
+from datetime import timedelta
+
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from queue_app.core import transitions
+from queue_app.conf import settings
+from queue_app.models import Job, Worker, WorkerState
+
+
+class NameInUse(Exception):
+    pass
+
+
+def register(name, *, pid, queues, kinds, concurrency, threads):
+    """Record a starting worker and return its row.
+
+    A name may be reused once its previous holder has stopped or been lost; a live
+    worker's name is refused (NameInUse). A stopped run killed its children, so what its
+    children still hold (left by a second signal, or given up on) is recovered here, in
+    the same transaction, rather than left to lapse; a lost one's leases lapse as usual,
+    since it may still be running.
+    """
+    if "/" in name:
+        # "/" ends the name in lease owner ids (owner_prefix): "a/b" would pass for a run of "a".
+        raise NameInUse(f"worker name {name!r} may not contain '/'")
+    now = timezone.now()
+    fields = {
+        "host": socket.gethostname(),
+        "pid": pid,
+        "queues": list(queues or []),
+        "kinds": list(kinds or []),
+        "concurrency": concurrency,
+        "threads": threads,
+        "state": WorkerState.RUNNING,
+        "started_at": now,
+        "last_heartbeat": now,
+        "stopped_at": None,
+        "stop_requested_at": None,
+        "jobs_in_hand": 0,
+        "jobs_done": 0,
+    }
+    with transaction.atomic():
+        old = Worker.objects.select_for_update().filter(name=name).first()
+        if old is None:
+            return Worker.objects.create(name=name, **fields)
+        previous = status(old, now)
+        if previous not in (WorkerState.STOPPED, "lost"):
+            raise NameInUse(f"a worker named {name!r} is already running (pid {old.pid} on {old.host})")
+        if previous == WorkerState.STOPPED:
+            while transitions.recover(owned_by=f"{name}/", now=now):
+                pass
+        for key, value in fields.items():
+            setattr(old, key, value)
+        old.save()
+        return old
+
+
+def heartbeat(worker_id, *, jobs_in_hand=0, jobs_done=0):
+    """Stamp the worker's heartbeat."""
+    Worker.objects.filter(id=worker_id).update(
+        last_heartbeat=timezone.now(), jobs_in_hand=jobs_in_hand, jobs_done=jobs_done
+    )
+
+
+def stop_requested(worker_id):
+    return Worker.objects.filter(id=worker_id, stop_requested_at__isnull=False).exists()
+
+
+def mark_stopping(worker_id):
+    Worker.objects.filter(id=worker_id).update(state=WorkerState.STOPPING, last_heartbeat=timezone.now())
+
+
+def deregister(worker_id, *, jobs_done=0):
+    now = timezone.now()
+    Worker.objects.filter(id=worker_id).update(
+        state=WorkerState.STOPPED, stopped_at=now, last_heartbeat=now, jobs_in_hand=0, jobs_done=jobs_done
+    )
+
+
+def request_stop(names=None):
+    """Ask running workers (all, or those named) to stop; return the names asked.
+
+    Unknown names raise LookupError before anything is written.
+    """
+    alive = Worker.objects.alive()
+    if names:
+        found = set(alive.filter(name__in=names).values_list("name", flat=True))
+        missing = [n for n in names if n not in found]
+        if missing:
+            raise LookupError(f"no running worker named {', '.join(missing)}")
+        alive = alive.filter(name__in=names)
+    asked = sorted(alive.values_list("name", flat=True))
+    alive.filter(stop_requested_at__isnull=True).update(stop_requested_at=timezone.now())
+    return asked
+
+
+def status(worker, now=None):
+    """The state as `workers` shows it: a live row whose heartbeat went stale is lost."""
+    now = now or timezone.now()
+    if worker.state != WorkerState.STOPPED and now - worker.last_heartbeat > timedelta(
+        # The same limit /health and /metrics use, so all three agree on who is lost.
+        seconds=settings.HEALTH_WORKER_STALE_SECONDS
+    ):
+        return "lost"
+    return worker.state
+
+
+def listing(*, include_stopped=False, now=None):
+    """Return the registry as dicts, newest first, with heartbeat age and derived status."""
+    now = now or timezone.now()
+    qs = Worker.objects.all() if include_stopped else Worker.objects.alive()
+    rows = []
+    for w in qs:
+        rows.append(
+            {
+                "name": w.name,
+                "host": w.host,
+                "pid": w.pid,
+                "status": status(w, now),
+                "queues": w.queues,
+                "kinds": w.kinds,
+                "concurrency": w.concurrency,
+                "threads": w.threads,
+                "jobs_in_hand": w.jobs_in_hand,
+                "jobs_done": w.jobs_done,
+                "started_at": w.started_at.isoformat(),
+                "heartbeat_age": max(0.0, (now - w.last_heartbeat).total_seconds()),
+                "stop_requested": w.stop_requested_at is not None,
+            }
+        )
+    return rows
+
+
+def owner_prefix(name, token):
+    """The start of every lease owner id of one run of worker ``name``: a run's own
+    ``token`` keeps a later run under the same name from taking its leases for its own."""
+    return f"{name}/{token}/"
+
+
+def owners_filter(prefix):
+    """Match the lease_owner of every child process under ``prefix`` (owner_prefix(), or
+    ``<name>/`` for every run of a name)."""
+    return Q(lease_owner__startswith=prefix)
+
+
+def leased_by(prefix):
+    """Ids and attempts of the jobs leased under ``prefix`` (owners_filter()), by owner."""
+    out = {}
+    for job_id, owner, attempt in Job.objects.leased().filter(owners_filter(prefix)).values_list(
+        "id", "lease_owner", "attempts"
+    ):
+        out.setdefault(owner, []).append((job_id, attempt))
+    return out

@@ -1,0 +1,399 @@
+"""The prefork supervisor behind runworker: forks the children, watches them, and does
+what only a process that outlives them can do.
+
+- Timeouts: a child whose job passed its deadline is SIGKILLed (a handler stuck in C
+  code never yields, so nothing gentler works) and replaced; the job fails with a
+  timeout error and follows the normal retry / dead-letter path.
+- Aborts (aborting.py): every ABORT_CHECK_INTERVAL it looks for abort requests on the
+  jobs its children run and flags them in shared memory; a job still running
+  ABORT_GRACE_SECONDS later has its child killed and replaced, and is cancelled.
+- Crashes: a child that dies on its own (os._exit, segfault) has the job it was running
+  failed with the exit status as the error, its unstarted claims released, and is
+  replaced.
+- Heartbeat: renews the leases of the jobs its children report holding in shared
+  memory (running, finished awaiting their acknowledgement, buffered), so a child busy
+  in C code still keeps its leases, while a job whose outcome a child could not record
+  (it gave up on it) is not renewed: its lease lapses and recovery takes it back with
+  its attempt spent. It also stamps the registry row, where it reads stop requests.
+- Recovery of expired leases at start and every recovery interval.
+- Shutdown: the first SIGTERM/SIGINT (or a stop request) tells the children to stop
+  leasing and finish; after the grace period the children are killed: a job still
+  running fails (its attempt spent, so a job longer than the grace cannot run forever
+  across deploys), one never started is released. A second signal kills the children
+  at once; their leases lapse and are recovered (or taken back when the name restarts).
+
+Each child leases under its own owner id, ``<worker name>/<run token>/<slot>.<generation>``:
+unique to this run, so the supervisor settles exactly a dead child's jobs, and a later
+worker reusing the name never renews (adopts) this run's leases.
+"""
+import logging
+import multiprocessing
+import os
+import signal
+import time
+import uuid
+
+from django.db import connections
+
+from queue_app.core import aborting
+from queue_app.core import flow
+from queue_app.worker import schedules as scheduling
+from queue_app.tasks import running as task_running
+from queue_app.core import transitions
+from queue_app.worker import registry as workers
+from queue_app.conf import settings
+from queue_app.worker.slots import Budget, Slots
+from queue_app.worker.loop import Options, child_main
+
+log = logging.getLogger("queue_app")
+
+TICK = 0.05
+# Seconds between looks for a stop request: one indexed read, so `stopworkers` takes
+# effect within about a second whatever the heartbeat interval.
+STOP_CHECK = 1.0
+
+
+class Child:
+    def __init__(self, slot, generation, owner, slots, pid):
+        self.slot = slot
+        self.generation = generation
+        self.owner = owner
+        self.slots = slots
+        self.pid = pid
+        self.timed_out = None  # (job_id, attempt, timeout) once killed for overrunning
+        self.aborts = {}  # job_id -> (attempt, kill deadline) once its abort was requested
+        self.killed_for_abort = False
+
+
+def _timeout_error(job_id, seconds):
+    return {
+        "type": "TimeoutError",
+        "message": f"job {job_id} ran past its {seconds:g}s timeout; its worker process was killed",
+        "traceback": "",
+    }
+
+
+def _crash_error(how, finished=False):
+    what = "that had run the job" if finished else "running the job"
+    tail = " before the job's completion was recorded" if finished else ""
+    return {
+        "type": "WorkerCrashed",
+        "message": f"the worker process {what} {how}{tail}",
+        "traceback": "",
+    }
+
+
+def _shutdown_error(grace):
+    return {
+        "type": "WorkerStopped",
+        "message": f"killed at shutdown: the job was still running when the {grace:g}s grace period ended",
+        "traceback": "",
+    }
+
+
+def _describe(status):
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            return f"was killed by signal {signal.Signals(sig).name}"
+        except ValueError:
+            return f"was killed by signal {sig}"
+    return f"exited with code {os.WEXITSTATUS(status)}"
+
+
+class Supervisor:
+    def __init__(self, options):
+        self.options = options
+        self.ctx = multiprocessing.get_context("fork")
+        self.budget = Budget(self.ctx, options.max_jobs)
+        self.children = {}  # pid -> Child
+        self.generations = [0] * options.concurrency
+        self.signals = 0
+        self.stopping = False
+        self.stop_deadline = None
+        self.record = None
+        self.done_by_gone = 0
+        self.next_abort_check = 0.0
+        self.run_token = uuid.uuid4().hex[:12]
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    def run(self):
+        o = self.options
+        self.record = workers.register(
+            o.name, pid=os.getpid(), queues=o.queues, kinds=o.kinds,
+            concurrency=o.concurrency, threads=o.threads,
+        )
+        log.info(
+            "worker %s started: queues=%s kinds=%s concurrency=%s threads=%s batch=%s lease=%ss",
+            o.name, ",".join(o.queues), ",".join(o.kinds) or "*", o.concurrency, o.threads, o.batch, o.lease,
+        )
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        started = time.monotonic()
+        try:
+            self._recover()
+            # Flow control and cron (flow.py, scheduling.py): settings into their tables,
+            # then every worker ticks the schedules; the tick's unique keys make that safe.
+            self._guard(flow.sync_limits)
+            self._guard(scheduling.sync_schedules)
+            next_schedule = time.monotonic()
+            for slot in range(o.concurrency):
+                self._spawn(slot)
+            next_beat = time.monotonic() + o.heartbeat
+            next_recovery = time.monotonic() + o.recovery_interval
+            next_stop_check = time.monotonic() + STOP_CHECK
+            while True:
+                now = time.monotonic()
+                if self.signals >= 2:
+                    return self._stop_now()
+                if self.signals and not self.stopping:
+                    self._begin_stop("signal")
+                if o.max_runtime and not self.stopping and now - started >= o.max_runtime:
+                    self._begin_stop("max runtime reached")
+                self._reap()
+                self._enforce_timeouts()
+                self._enforce_aborts(now)
+                if now >= next_beat:
+                    next_beat = now + o.heartbeat
+                    self._heartbeat()
+                if now >= next_stop_check and not self.stopping:
+                    next_stop_check = now + STOP_CHECK
+                    if self._guard(workers.stop_requested, self.record.id, default=False):
+                        self._begin_stop("stop requested")
+                if o.recovery_interval and now >= next_recovery:
+                    next_recovery = now + o.recovery_interval
+                    self._recover()
+                if settings.SCHEDULE_INTERVAL and not self.stopping and now >= next_schedule:
+                    next_schedule = now + float(settings.SCHEDULE_INTERVAL)
+                    self._guard(scheduling.tick)
+                if self.stopping and self.children and now >= self.stop_deadline:
+                    self._kill_all("grace period over", settle=True)
+                if not self.children:
+                    break
+                time.sleep(TICK)
+            self._finish()
+            return 0
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            connections.close_all()
+
+    def _on_signal(self, signum, frame):
+        self.signals += 1
+
+    def _begin_stop(self, why):
+        self.stopping = True
+        self.stop_deadline = time.monotonic() + self.options.grace
+        log.info("worker %s stopping (%s): finishing claimed jobs within %ss", self.options.name, why,
+                 self.options.grace)
+        self._guard(workers.mark_stopping, self.record.id)
+        for child in self.children.values():
+            self._signal(child, signal.SIGTERM)
+
+    def _stop_now(self):
+        log.warning("worker %s stopping at once: its leases will lapse and be recovered", self.options.name)
+        self._kill_all("second signal")
+        self._guard(workers.deregister, self.record.id, jobs_done=self._jobs_done())
+        return 1
+
+    def _finish(self):
+        # The children released what they never started, and the killed ones were settled.
+        # Still leased here: jobs a child gave up on (their outcome could not be recorded).
+        # Their handlers may have run, so they are not released (that would refund the
+        # attempt): their leases lapse and recovery spends it.
+        for owner, held in self._guard(workers.leased_by, self._owner_prefix(), default={}).items():
+            for job_id, attempt in held:
+                log.warning("left leased id=%s attempt=%s worker=%s: its lease lapses and recovery takes it",
+                            job_id, attempt, owner)
+        self._guard(workers.deregister, self.record.id, jobs_done=self._jobs_done())
+        log.info("worker %s stopped after %s jobs", self.options.name, self._jobs_done())
+
+    # --- children ------------------------------------------------------------------------
+
+    def _spawn(self, slot):
+        self.generations[slot] += 1
+        gen = self.generations[slot]
+        owner = f"{self._owner_prefix()}{slot}.{gen}"
+        # Batched acks flush at `batch` pending, so at most batch + threads - 1 fill while
+        # as many wait for the one flush in flight to commit (worker.Loop.flush_lock).
+        acks = 2 * (self.options.batch + self.options.threads)
+        # A child claims at most `batch` at a time, and only into an empty buffer.
+        slots = Slots(self.options.threads, acks, buffered=self.options.batch)
+        # No socket or SQLite handle may be shared across the fork.
+        connections.close_all()
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            child_main(self.options, owner, slots, self.budget, parent)
+        self.children[pid] = Child(slot, gen, owner, slots, pid)
+        log.debug("spawned child pid=%s owner=%s", pid, owner)
+
+    def _owner_prefix(self):
+        return workers.owner_prefix(self.options.name, self.run_token)
+
+    def _signal(self, child, sig):
+        try:
+            os.kill(child.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def _kill_all(self, why, settle=False):
+        """Kill every child; with ``settle``, record what each had in hand as for a child
+        that died (else only the jobs it finished: the rest's leases lapse)."""
+        for child in list(self.children.values()):
+            log.warning("killing child pid=%s (%s)", child.pid, why)
+            self._signal(child, signal.SIGKILL)
+        for pid, child in list(self.children.items()):
+            _, status = os.waitpid(pid, 0)
+            self.done_by_gone += child.slots.done
+            del self.children[pid]
+            if settle:
+                self._settle_dead_child(child, status, shutdown=True)
+            else:
+                self._settle_unacked(child, _describe(status))
+
+    def _settle_unacked(self, child, how):
+        # Their handlers ran; only the record was lost. Failing them (not releasing)
+        # keeps the attempt counted and the history true: at-least-once, recorded.
+        for job_id, attempt in child.slots.unacked():
+            log.warning("unacknowledged id=%s attempt=%s worker=%s: child %s", job_id, attempt, child.owner, how)
+            self._guard(
+                transitions.fail, job_id, worker_id=child.owner, attempt=attempt,
+                error=_crash_error(how, finished=True),
+            )
+
+    def _reap(self):
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            child = self.children.pop(pid, None)
+            if child is None:
+                continue
+            self.done_by_gone += child.slots.done
+            clean = child.slots.clean and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+            if not clean:
+                self._settle_dead_child(child, status)
+                if not self.stopping:
+                    self._spawn(child.slot)
+
+    def _settle_dead_child(self, child, status, shutdown=False):
+        """Record what a dead child had in hand; ``shutdown``: it was killed at the end of
+        the shutdown grace period."""
+        how = _describe(status)
+        running = child.slots.running()
+        for job_id, attempt, _, _ in running:
+            if job_id in child.aborts:
+                # Killed for ignoring its abort (or died meanwhile): what was asked for.
+                why = "was killed after the abort grace" if child.killed_for_abort else f"process {how}"
+                log.warning("aborted id=%s attempt=%s worker=%s: %s", job_id, attempt, child.owner, why)
+                self._guard(transitions.abort, job_id, worker_id=child.owner, attempt=attempt,
+                            how=f"its handler {why}" if child.killed_for_abort else f"its worker {why}")
+                continue
+            if child.timed_out and child.timed_out[0] == job_id:
+                error = _timeout_error(job_id, child.timed_out[2])
+                log.warning("timed out id=%s attempt=%s worker=%s", job_id, attempt, child.owner)
+            elif shutdown:
+                error = _shutdown_error(self.options.grace)
+                log.warning("killed at shutdown id=%s attempt=%s worker=%s", job_id, attempt, child.owner)
+            else:
+                error = _crash_error(how)
+                log.warning("crashed id=%s attempt=%s worker=%s: child %s", job_id, attempt, child.owner, how)
+            if self._guard(transitions.fail, job_id, worker_id=child.owner, attempt=attempt, error=error):
+                # A django.tasks job's child sent task_started and died: task_finished is sent here.
+                self._guard(task_running.finished_elsewhere, job_id)
+        self._settle_unacked(child, how)
+        # Claimed but never started: give them back without spending an attempt. Only
+        # what the child reported buffered: a job it gave up on may have run.
+        started = {job_id for job_id, _, _, _ in running}
+        for job_id, attempt, _ in child.slots.buffered():
+            if job_id not in started:  # a job moving to its thread shows in both for an instant
+                self._guard(transitions.release, job_id, worker_id=child.owner, attempt=attempt)
+
+    def _enforce_timeouts(self):
+        now = time.monotonic()
+        for child in list(self.children.values()):
+            if child.timed_out:
+                continue
+            for job_id, attempt, started, timeout in child.slots.running():
+                if timeout and now > started + timeout:
+                    child.timed_out = (job_id, attempt, timeout)
+                    log.warning("id=%s overran its timeout; killing child pid=%s", job_id, child.pid)
+                    self._signal(child, signal.SIGKILL)
+                    break
+
+    def _enforce_aborts(self, now):
+        if now >= self.next_abort_check:
+            self.next_abort_check = now + float(settings.ABORT_CHECK_INTERVAL)
+            running = {
+                job_id: (child, attempt)
+                for child in self.children.values()
+                for job_id, attempt, _, _ in child.slots.running()
+                if job_id not in child.aborts
+            }
+            # Claimed but not started: flagged, the child cancels it instead of starting it.
+            waiting = {
+                job_id: child
+                for child in self.children.values()
+                for job_id, _, flagged in child.slots.buffered()
+                if not flagged and job_id not in running
+            }
+            grace = float(settings.ABORT_GRACE_SECONDS)
+            for job_id in self._guard(aborting.requested, [*running, *waiting], default=()):
+                if job_id in waiting:
+                    # Started meanwhile: flagged as running on the next check.
+                    waiting[job_id].slots.request_buffered_abort(job_id)
+                    continue
+                child, attempt = running[job_id]
+                if child.slots.request_abort(job_id):
+                    child.aborts[job_id] = (attempt, now + grace)
+                    log.info("abort requested id=%s: told child pid=%s, killed in %ss if still running",
+                             job_id, child.pid, grace)
+        for child in list(self.children.values()):
+            if not child.aborts or child.killed_for_abort:
+                continue
+            live = {(job_id, attempt) for job_id, attempt, _, _ in child.slots.running()}
+            for job_id, (attempt, deadline) in list(child.aborts.items()):
+                if (job_id, attempt) not in live:
+                    del child.aborts[job_id]  # its handler stopped; the child settled it
+                elif now > deadline:
+                    # Nothing gentler reaches a handler that does not look (C code, a busy loop).
+                    child.killed_for_abort = True
+                    log.warning("id=%s still running after its abort grace; killing child pid=%s", job_id, child.pid)
+                    self._signal(child, signal.SIGKILL)
+                    break
+
+    # --- database chores -----------------------------------------------------------------
+
+    def _heartbeat(self):
+        in_hand = 0
+        for child in list(self.children.values()):
+            held = child.slots.held()
+            in_hand += len(held)
+            if held:
+                self._guard(transitions.renew, list(held), worker_id=child.owner, lease_seconds=self.options.lease)
+        self._guard(workers.heartbeat, self.record.id, jobs_in_hand=in_hand, jobs_done=self._jobs_done())
+
+    def _recover(self):
+        self._guard(transitions.recover)
+
+    def _jobs_done(self):
+        return self.done_by_gone + sum(c.slots.done for c in self.children.values())
+
+    def _guard(self, func, *args, default=None, **kwargs):
+        """Call a database chore; a failure is logged and retried on the next tick, never
+        allowed to take the supervisor (and its children's work) down."""
+        try:
+            return func(*args, **kwargs)
+        except Exception:
+            log.exception("worker %s: %s failed", self.options.name, getattr(func, "__name__", func))
+            connections.close_all()
+            return default
+
+
+def run(options=None):
+    """Run a worker until it is stopped (or drained, in burst mode); return the exit code."""
+    return Supervisor((options or Options()).resolved()).run()

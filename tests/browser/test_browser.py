@@ -1,0 +1,174 @@
+"""The dashboard and admin in a real headless Chromium against a live server.
+
+Screenshots land in $JOBQUEUE_ARTIFACTS (default .test-results/screenshots) so a
+person can look at what the operator sees.
+"""
+import os
+import re
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from queue_app.core.enqueueing import enqueue
+from queue_app.worker.execution import run_one
+from queue_app.models import Job, State
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--no-first-run"]
+TIMEOUT_MS = 15_000
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is missing (apt-get install chromium)"),
+]
+
+
+@pytest.fixture(autouse=True)
+def _fast(settings):
+    # Refresh every second so the tests watch it happen without waiting five.
+    settings.JOBQUEUE = {**getattr(settings, "JOBQUEUE", {}), "DASHBOARD_REFRESH_SECONDS": 1}
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    # Playwright's sync API keeps an event loop running in this thread; Django then
+    # refuses ORM calls here unless told that this (test-only) mix is intended.
+    before = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    try:
+        with sync_api.sync_playwright() as p:
+            chromium = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            yield chromium
+            chromium.close()
+    finally:
+        if before is None:
+            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+        else:
+            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = before
+
+
+@pytest.fixture
+def page(browser, live_server, django_user_model):
+    django_user_model.objects.create_superuser("boss", "boss@example.com", "pw")
+    context = browser.new_context(base_url=live_server.url, viewport={"width": 1280, "height": 900})
+    context.set_default_timeout(TIMEOUT_MS)
+    tab = context.new_page()
+    tab.goto("/dashboard/")
+    # Not logged in: the admin's login form, then back to the dashboard.
+    tab.fill("#id_username", "boss")
+    tab.fill("#id_password", "pw")
+    tab.click("input[type=submit]")
+    tab.wait_for_url(re.compile(r"/dashboard/$"))
+    yield tab
+    context.close()
+
+
+def shot(tab, name):
+    folder = Path(os.environ.get("JOBQUEUE_ARTIFACTS", Path(__file__).resolve().parents[2] / ".test-results" / "screenshots"))
+    folder.mkdir(parents=True, exist_ok=True)
+    tab.screenshot(path=str(folder / f"{name}-{connection.vendor}.png"), full_page=True)
+
+
+def count(tab, key):
+    return tab.inner_text(f'[data-count="{key}"]').strip()
+
+
+def wait_for_count(tab, key, value):
+    tab.wait_for_function(
+        "([key, value]) => document.querySelector(`[data-count=\"${key}\"]`)?.textContent.trim() === value",
+        arg=[key, value],
+    )
+
+
+def dead_job():
+    job = enqueue("boom", {"message": "smtp refused"}, max_attempts=1)
+    run_one(worker_id="w-browser", kinds=["boom"])
+    return job
+
+
+@pytest.mark.django_db(transaction=True)
+def test_overview_shows_counts_and_updates_itself_when_a_job_arrives(page):
+    enqueue("echo", {"n": 1})
+    dead_job()
+    page.reload()
+    assert count(page, "pending") == "1"
+    assert count(page, "dead_letter") == "1"
+    page.evaluate("window.__sameDocument = true")
+    enqueue("echo", {"n": 2})
+    wait_for_count(page, "pending", "2")
+    # Updated in place: the same document, not a reload.
+    assert page.evaluate("window.__sameDocument") is True
+    shot(page, "overview")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_refresh_pauses_while_the_tab_is_hidden(page):
+    page.wait_for_function("Number(document.getElementById('live').dataset.swaps || 0) >= 1")
+    page.evaluate(
+        """() => {
+            Object.defineProperty(document, 'hidden', {configurable: true, get: () => true});
+            document.dispatchEvent(new Event('visibilitychange'));
+        }"""
+    )
+    enqueue("echo", {})
+    page.wait_for_timeout(2500)
+    assert count(page, "pending") == "0"
+    assert "Paused" in page.inner_text("#live-status")
+    page.evaluate(
+        """() => {
+            Object.defineProperty(document, 'hidden', {configurable: true, get: () => false});
+            document.dispatchEvent(new Event('visibilitychange'));
+        }"""
+    )
+    wait_for_count(page, "pending", "1")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_job_page_shows_the_timeline_and_its_requeue_button_works(page):
+    job = dead_job()
+    page.goto(f"/dashboard/jobs/{job.id}/")
+    timeline = page.inner_text(".timeline")
+    assert "Enqueued" in timeline and "Claimed" in timeline and "Dead-lettered" in timeline
+    page.click("text=Traceback")
+    assert "smtp refused" in page.inner_text(".timeline")
+    shot(page, "job")
+    page.click("button:has-text('Requeue')")
+    page.wait_for_selector(".messages li.success")
+    assert "Requeued" in page.inner_text(".timeline")
+    assert Job.objects.get(id=job.id).state == State.PENDING
+
+
+@pytest.mark.django_db(transaction=True)
+def test_requeue_from_the_admin_shows_on_the_dashboard_without_a_reload(page):
+    job = dead_job()
+    page.reload()
+    assert count(page, "dead_letter") == "1"
+    admin = page.context.new_page()
+    admin.goto("/admin/queue_app/job/?status=dead_letter")
+    admin.check(f'input[name="_selected_action"][value="{job.id}"]')
+    admin.select_option('select[name="action"]', "requeue")
+    admin.click('button[name="index"]')
+    admin.wait_for_selector(".messagelist")
+    assert "Requeue: 1 job done." in admin.inner_text(".messagelist")
+    page.bring_to_front()
+    wait_for_count(page, "dead_letter", "0")
+    assert count(page, "pending") == "1"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_bulk_cancel_by_filter_in_the_admin(page, settings):
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "OPS_BATCH_SIZE": 3}
+    for n in range(7):
+        enqueue("bulk", {"n": n})
+    keep = enqueue("echo", {})
+    page.goto("/admin/queue_app/job/?kind=bulk")
+    page.select_option('select[name="action"]', "cancel_matching")
+    page.click('button[name="index"]')
+    page.wait_for_selector(".messagelist")
+    assert "Cancel: 7 jobs done." in page.inner_text(".messagelist")
+    shot(page, "admin-bulk-cancel")
+    assert Job.objects.filter(kind="bulk", state=State.CANCELLED).count() == 7
+    assert Job.objects.get(id=keep.id).state == State.PENDING

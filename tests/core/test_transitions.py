@@ -1,0 +1,278 @@
+"""Every edge of the state machine, each with its event row checked."""
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from queue_app.core import transitions
+from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound
+from queue_app.models import DeadLetter, Event, EventType, Job, State
+from tests.factories import JobFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def events(job):
+    return list(Event.objects.filter(job_id=job.id).order_by("id"))
+
+
+def last_event(job):
+    return Event.objects.filter(job_id=job.id).order_by("-id").first()
+
+
+def claim_one(worker="w1", **kw):
+    jobs = transitions.claim(worker, limit=1, **kw)
+    assert len(jobs) == 1
+    return jobs[0]
+
+
+def test_enqueue_writes_a_pending_job_and_one_enqueued_event(enqueue_job):
+    job = enqueue_job("echo", {"x": 1}, priority=7, queue_name="mail")
+    job.refresh_from_db()
+    assert (job.state, job.priority, job.queue_name, job.payload) == ("pending", 7, "mail", {"x": 1})
+    [event] = events(job)
+    assert (event.type, event.to_state) == (EventType.ENQUEUED, State.PENDING)
+
+
+def test_claim_leases_the_job_with_owner_deadline_attempt_and_event(enqueue_job):
+    job = enqueue_job("echo", {})
+    before = timezone.now()
+    claimed = claim_one("w1", lease_seconds=30)
+    assert claimed.id == job.id
+    claimed.refresh_from_db()
+    assert claimed.state == State.LEASED
+    assert claimed.lease_owner == "w1"
+    assert claimed.attempts == 1
+    assert claimed.lease_expires_at >= before + timedelta(seconds=29)
+    assert claimed.started_at is not None
+    event = last_event(job)
+    assert (event.type, event.from_state, event.to_state, event.attempt, event.worker) == (
+        "claimed", "pending", "leased", 1, "w1",
+    )
+
+
+def test_claim_returns_nothing_when_only_scheduled_jobs_exist():
+    JobFactory(scheduled=True)
+    assert transitions.claim("w1", limit=5) == []
+    assert Event.objects.count() == 0
+
+
+def test_complete_stores_result_and_appends_completed_event(enqueue_job):
+    enqueue_job("echo", {})
+    job = claim_one()
+    assert transitions.complete(job.id, worker_id="w1", attempt=1, result={"ok": True}) is True
+    job.refresh_from_db()
+    assert (job.state, job.result, job.lease_owner, job.lease_expires_at) == ("completed", {"ok": True}, None, None)
+    assert job.finished_at is not None
+    assert [e.type for e in events(job)] == ["enqueued", "claimed", "completed"]
+
+
+def test_fail_with_attempts_left_returns_job_to_pending_with_backoff(enqueue_job, settings):
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "BACKOFF_BASE": 2, "BACKOFF_JITTER": False}
+    enqueue_job("echo", {}, max_attempts=3)
+    job = claim_one()
+    before = timezone.now()
+    error = {"type": "Boom", "message": "bad", "traceback": "tb"}
+    assert transitions.fail(job.id, worker_id="w1", attempt=1, error=error) == State.PENDING
+    job.refresh_from_db()
+    assert job.state == State.PENDING
+    assert job.last_error == error
+    assert before + timedelta(seconds=1.9) <= job.run_at <= timezone.now() + timedelta(seconds=2.1)
+    event = last_event(job)
+    assert (event.type, event.to_state, event.message) == ("failed", "pending", "bad")
+    assert event.metadata["error"] == error
+    assert job.status == "retrying"
+
+
+def test_fail_dead_letters_job_after_last_attempt(enqueue_job):
+    enqueue_job("echo", {"a": 1}, max_attempts=1)
+    job = claim_one()
+    error = {"type": "Boom", "message": "final", "traceback": ""}
+    assert transitions.fail(job.id, worker_id="w1", attempt=1, error=error) == State.DEAD_LETTER
+    job.refresh_from_db()
+    assert job.state == State.DEAD_LETTER
+    letter = DeadLetter.objects.get(job=job)
+    assert (letter.attempts, letter.error, letter.payload, letter.resolved_at) == (1, error, {"a": 1}, None)
+    event = last_event(job)
+    assert (event.type, event.to_state) == ("dead_lettered", "dead_letter")
+    assert Event.objects.filter(job_id=job.id).count() == 3
+
+
+def test_fail_without_retry_dead_letters_even_with_attempts_left(enqueue_job):
+    enqueue_job("echo", {}, max_attempts=5)
+    job = claim_one()
+    err = {"type": "X", "message": "m", "traceback": ""}
+    assert transitions.fail(job.id, worker_id="w1", attempt=1, error=err, retry=False) == State.DEAD_LETTER
+    assert DeadLetter.objects.get(job_id=job.id).reason == "not_retryable"
+
+
+def test_release_gives_the_job_back_without_consuming_an_attempt(enqueue_job):
+    enqueue_job("echo", {})
+    job = claim_one()
+    assert transitions.release(job.id, worker_id="w1", attempt=1) is True
+    job.refresh_from_db()
+    assert (job.state, job.attempts, job.lease_owner) == ("pending", 0, None)
+    assert last_event(job).type == "released"
+
+
+def test_renew_extends_only_this_workers_leases():
+    mine = JobFactory(leased=True, lease_owner="w1")
+    theirs = JobFactory(leased=True, lease_owner="w2")
+    old = theirs.lease_expires_at
+    assert transitions.renew([mine.id, theirs.id], worker_id="w1", lease_seconds=600) == {mine.id}
+    mine.refresh_from_db()
+    theirs.refresh_from_db()
+    assert mine.lease_expires_at > timezone.now() + timedelta(seconds=500)
+    assert theirs.lease_expires_at == old
+
+
+def test_recover_returns_expired_lease_to_pending_and_consumes_the_attempt():
+    job = JobFactory(expired=True, attempts=1, max_attempts=3)
+    live = JobFactory(leased=True)
+    assert transitions.recover() == [(job.id, State.PENDING)]
+    job.refresh_from_db()
+    live.refresh_from_db()
+    assert (job.state, job.attempts, job.lease_owner) == ("pending", 1, None)
+    assert live.state == State.LEASED
+    event = last_event(job)
+    assert (event.type, event.to_state, event.worker) == ("recovered", "pending", "worker-1")
+    assert event.metadata["error"]["type"] == "LeaseExpired"
+
+
+def test_recover_dead_letters_when_no_attempts_are_left():
+    job = JobFactory(expired=True, attempts=3, max_attempts=3)
+    assert transitions.recover() == [(job.id, State.DEAD_LETTER)]
+    job.refresh_from_db()
+    assert job.state == State.DEAD_LETTER
+    assert DeadLetter.objects.get(job=job).reason == "lease_expired"
+    assert [e.type for e in events(job)] == ["recovered"]
+
+
+def test_stale_worker_cannot_complete_after_its_lease_was_recovered(enqueue_job):
+    enqueue_job("echo", {})
+    job = claim_one("w1", lease_seconds=30)
+    Job.objects.filter(id=job.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    transitions.recover()
+    again = claim_one("w2")
+    assert again.id == job.id and again.attempts == 2
+    before = list(Event.objects.values_list("id", flat=True))
+    assert transitions.complete(job.id, worker_id="w1", attempt=1, result="stale") is False
+    assert transitions.fail(job.id, worker_id="w1", attempt=1, error={"message": "x"}) is None
+    assert transitions.release(job.id, worker_id="w1", attempt=1) is False
+    again.refresh_from_db()
+    assert (again.state, again.lease_owner, again.result) == ("leased", "w2", None)
+    assert list(Event.objects.values_list("id", flat=True)) == before
+
+
+def test_same_worker_reclaiming_cannot_settle_with_the_old_attempt_number(enqueue_job):
+    enqueue_job("echo", {})
+    job = claim_one("w1")
+    Job.objects.filter(id=job.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    transitions.recover()
+    claim_one("w1")  # same worker id, attempt 2: the attempt number is the fencing token
+    assert transitions.complete(job.id, worker_id="w1", attempt=1) is False
+    assert transitions.complete(job.id, worker_id="w1", attempt=2) is True
+
+
+def test_requeue_resets_attempts_replaces_payload_resolves_dead_letter_and_keeps_history(enqueue_job):
+    enqueue_job("echo", {"bad": True}, max_attempts=1)
+    job = claim_one()
+    transitions.fail(job.id, worker_id="w1", attempt=1, error={"message": "x"})
+    job = transitions.requeue(job.id, payload={"bad": False}, max_attempts=4, actor="ops")
+    assert (job.state, job.attempts, job.max_attempts, job.payload) == ("pending", 0, 4, {"bad": False})
+    letter = DeadLetter.objects.get(job=job)
+    assert (letter.resolution, letter.payload) == ("requeued", {"bad": True})
+    assert letter.resolved_at is not None
+    event = last_event(job)
+    assert (event.type, event.from_state, event.worker) == ("requeued", "dead_letter", "ops")
+    assert event.metadata["previous_payload"] == {"bad": True}
+    assert [e.type for e in events(job)] == ["enqueued", "claimed", "dead_lettered", "requeued"]
+
+
+def test_requeue_refuses_a_completed_job_and_writes_nothing():
+    job = JobFactory(state=State.COMPLETED)
+    with pytest.raises(InvalidTransition, match="completed"):
+        transitions.requeue(job.id)
+    assert Event.objects.count() == 0
+
+
+def test_requeue_with_a_bad_payload_writes_nothing():
+    job = JobFactory(dead=True)
+    with pytest.raises(InvalidJob, match="JSON"):
+        transitions.requeue(job.id, payload={"when": object()})
+    job.refresh_from_db()
+    assert job.state == State.DEAD_LETTER
+    assert Event.objects.count() == 0
+
+
+def test_cancel_pending_job_releases_its_idempotency_key(enqueue_job):
+    job = enqueue_job("echo", {}, idempotency_key="k1")
+    transitions.cancel(job.id, actor="ops", reason="not needed")
+    job.refresh_from_db()
+    assert (job.state, job.idempotency_key) == ("cancelled", None)
+    event = last_event(job)
+    assert (event.type, event.message, event.metadata["idempotency_key"]) == ("cancelled", "not needed", "k1")
+    assert enqueue_job("echo", {}, idempotency_key="k1").id != job.id
+
+
+def test_cancel_leased_job_fences_out_its_worker(enqueue_job):
+    enqueue_job("echo", {})
+    job = claim_one("w1")
+    transitions.cancel(job.id)
+    assert transitions.complete(job.id, worker_id="w1", attempt=1, result=1) is False
+    job.refresh_from_db()
+    assert (job.state, job.result) == ("cancelled", None)
+
+
+def test_cancel_of_a_completed_job_is_refused():
+    job = JobFactory(state=State.COMPLETED)
+    with pytest.raises(InvalidTransition):
+        transitions.cancel(job.id)
+
+
+def test_cancel_of_a_missing_job_says_so():
+    with pytest.raises(JobNotFound, match="999999"):
+        transitions.cancel(999999)
+
+
+def test_retry_now_makes_a_scheduled_job_ready_with_an_event():
+    job = JobFactory(scheduled=True)
+    assert transitions.claim("w1") == []
+    transitions.retry_now(job.id, actor="ops")
+    assert last_event(job).type == "rescheduled"
+    assert claim_one().id == job.id
+
+
+def test_change_priority_and_payload_write_their_events():
+    job = JobFactory(priority=1, payload={"v": 1})
+    transitions.change_priority(job.id, 50)
+    transitions.change_payload(job.id, {"v": 2})
+    job.refresh_from_db()
+    assert (job.priority, job.payload) == (50, {"v": 2})
+    prio, payload = events(job)
+    assert (prio.type, prio.metadata) == ("priority_changed", {"from": 1, "to": 50})
+    assert (payload.type, payload.metadata) == ("payload_changed", {"previous_payload": {"v": 1}})
+
+
+def test_change_priority_out_of_range_is_refused_and_writes_nothing():
+    job = JobFactory(priority=1)
+    with pytest.raises(InvalidJob, match="out of range"):
+        transitions.change_priority(job.id, 101)
+    job.refresh_from_db()
+    assert job.priority == 1
+    assert Event.objects.count() == 0
+
+
+def test_every_transition_of_a_full_life_appends_exactly_one_event(enqueue_job):
+    job = enqueue_job("echo", {}, max_attempts=2)
+    transitions.claim("w1")
+    transitions.fail(job.id, worker_id="w1", attempt=1, error={"message": "1"}, retry_delay=0)
+    transitions.claim("w1")
+    transitions.fail(job.id, worker_id="w1", attempt=2, error={"message": "2"})
+    transitions.requeue(job.id)
+    transitions.claim("w1")
+    transitions.complete(job.id, worker_id="w1", attempt=1)
+    assert [e.type for e in events(job)] == [
+        "enqueued", "claimed", "failed", "claimed", "dead_lettered", "requeued", "claimed", "completed",
+    ]
+    assert [e.attempt for e in events(job)] == [0, 1, 1, 2, 2, 0, 1, 1]

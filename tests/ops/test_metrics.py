@@ -1,0 +1,196 @@
+from datetime import timedelta
+
+import pytest
+from django.core.management import call_command
+from django.utils import timezone
+from prometheus_client.parser import text_string_to_metric_families
+
+from queue_app import enqueue
+from queue_app.ops import metrics
+from queue_app.core import transitions
+from queue_app.models import Event, EventType, MetricsCheckpoint, State, Worker, WorkerState
+from tests.factories import DeadLetterFactory, EventFactory, JobFactory
+
+pytestmark = pytest.mark.django_db
+
+FAMILIES = [
+    "jobqueue_jobs",
+    "jobqueue_jobs_by_kind",
+    "jobqueue_jobs_by_queue",
+    "jobqueue_events",
+    "jobqueue_oldest_pending_seconds",
+    "jobqueue_job_duration_seconds",
+    "jobqueue_workers",
+    "jobqueue_dead_letters",
+]
+
+
+def scrape(client=None, **headers):
+    if client is not None:
+        response = client.get("/metrics", headers=headers)
+        assert response.status_code == 200, response.content
+        text = response.content.decode()
+    else:
+        text = metrics.render().decode()
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def value(families, family, sample_name=None, **labels):
+    for s in families[family].samples:
+        if (sample_name is None or s.name == sample_name) and all(s.labels.get(k) == v for k, v in labels.items()):
+            return s.value
+    raise AssertionError(f"no sample {family} {labels}")
+
+
+def test_an_empty_queue_exports_every_family_with_explicit_zeros(client):
+    fams = scrape(client)
+    assert list(fams) == FAMILIES
+    for state in State.values:
+        assert value(fams, "jobqueue_jobs", state=state) == 0
+        assert value(fams, "jobqueue_jobs_by_queue", queue="default", state=state) == 0
+        assert value(fams, "jobqueue_jobs_by_kind", kind="echo", state=state) == 0
+    for type_ in EventType.values:
+        assert value(fams, "jobqueue_events", "jobqueue_events_total", type=type_) == 0
+    for state in ("running", "stopping", "stopped", "lost"):
+        assert value(fams, "jobqueue_workers", state=state) == 0
+    assert value(fams, "jobqueue_oldest_pending_seconds") == 0
+    assert value(fams, "jobqueue_dead_letters") == 0
+    assert value(fams, "jobqueue_job_duration_seconds", "jobqueue_job_duration_seconds_count", kind="echo") == 0
+
+
+def test_job_gauges_count_by_state_kind_and_queue():
+    JobFactory.create_batch(3, kind="echo")
+    JobFactory(kind="add", queue_name="mail", leased=True)
+    DeadLetterFactory(job__kind="boom")
+    fams = scrape()
+    assert value(fams, "jobqueue_jobs", state="pending") == 3
+    assert value(fams, "jobqueue_jobs", state="leased") == 1
+    assert value(fams, "jobqueue_jobs", state="dead_letter") == 1
+    assert value(fams, "jobqueue_jobs_by_kind", kind="echo", state="pending") == 3
+    assert value(fams, "jobqueue_jobs_by_kind", kind="add", state="leased") == 1
+    assert value(fams, "jobqueue_jobs_by_queue", queue="mail", state="leased") == 1
+    assert value(fams, "jobqueue_jobs_by_queue", queue="mail", state="completed") == 0
+    assert value(fams, "jobqueue_dead_letters") == 1
+
+
+def test_oldest_pending_seconds_measures_the_oldest_ready_job():
+    JobFactory(run_at=timezone.now() - timedelta(seconds=120))
+    JobFactory(scheduled=True)
+    assert 119 <= value(scrape(), "jobqueue_oldest_pending_seconds") < 180
+
+
+def test_event_totals_follow_transitions_and_survive_prune():
+    job = enqueue("echo", {"x": 1})
+    enqueue("echo", {"x": 2})
+    transitions.cancel(job.id)
+    fams = scrape()
+    assert value(fams, "jobqueue_events", "jobqueue_events_total", type="enqueued") == 2
+    assert value(fams, "jobqueue_events", "jobqueue_events_total", type="cancelled") == 1
+    Event.objects.all().delete()  # what prune does to old history
+    fams = scrape()
+    assert value(fams, "jobqueue_events", "jobqueue_events_total", type="enqueued") == 2
+
+
+def test_folding_twice_never_counts_an_event_twice():
+    EventFactory.create_batch(4, type="enqueued")
+    assert metrics.fold_events() == 4
+    assert metrics.fold_events() == 0
+    assert value(scrape(), "jobqueue_events", "jobqueue_events_total", type="enqueued") == 4
+
+
+def test_an_event_committed_after_the_checkpoint_passed_its_id_is_still_counted():
+    events = EventFactory.create_batch(3, type="enqueued")
+    late = events[1]
+    Event.objects.filter(id=late.id).delete()  # as if its transaction had not committed yet
+    assert metrics.fold_events() == 2
+    assert str(late.id) in MetricsCheckpoint.objects.get().gaps
+    Event.objects.create(id=late.id, job=late.job, type="claimed")
+    assert metrics.fold_events() == 1
+    assert MetricsCheckpoint.objects.get().gaps == {}
+    fams = scrape()
+    assert value(fams, "jobqueue_events", "jobqueue_events_total", type="claimed") == 1
+
+
+def test_a_gap_that_never_fills_expires():
+    events = EventFactory.create_batch(3, type="enqueued")
+    Event.objects.filter(id=events[1].id).delete()
+    metrics.fold_events()
+    metrics.fold_events(now=timezone.now() + timedelta(hours=1))
+    assert MetricsCheckpoint.objects.get().gaps == {}
+
+
+def test_completed_attempts_fill_the_duration_histogram():
+    job = enqueue("echo", {})
+    [claimed] = transitions.claim("w1")
+    transitions.complete(claimed.id, worker_id="w1", attempt=claimed.attempts)
+    fams = scrape()
+    name = "jobqueue_job_duration_seconds"
+    assert value(fams, name, f"{name}_count", kind="echo") == 1
+    assert value(fams, name, f"{name}_bucket", kind="echo", le="+Inf") == 1
+    assert value(fams, name, f"{name}_bucket", kind="echo", le="1800.0") == 1
+    assert job.id == claimed.id
+
+
+def test_kinds_past_the_cap_are_reported_as_other(settings):
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "METRICS_MAX_KINDS": 1}
+    for kind in ("zeta.a", "zeta.b", "zeta.c"):
+        JobFactory(kind=kind)
+    fams = scrape()
+    kinds = {s.labels["kind"] for s in fams["jobqueue_jobs_by_kind"].samples}
+    assert "_other" in kinds
+    assert kinds.isdisjoint({"zeta.a", "zeta.b", "zeta.c"})
+    assert len(kinds) == 2  # one registered kind, kept first, and _other
+    assert sum(s.value for s in fams["jobqueue_jobs_by_kind"].samples) == 3
+
+
+def test_workers_with_a_stale_heartbeat_are_lost():
+    now = timezone.now()
+    Worker.objects.create(name="a", host="h", pid=1, last_heartbeat=now)
+    Worker.objects.create(name="b", host="h", pid=2, last_heartbeat=now - timedelta(hours=1))
+    Worker.objects.create(name="c", host="h", pid=3, state=WorkerState.STOPPED)
+    fams = scrape()
+    assert value(fams, "jobqueue_workers", state="running") == 1
+    assert value(fams, "jobqueue_workers", state="lost") == 1
+    assert value(fams, "jobqueue_workers", state="stopped") == 1
+
+
+def test_metrics_view_refuses_other_hosts_without_a_token(client):
+    assert client.get("/metrics", REMOTE_ADDR="203.0.113.5").status_code == 401
+    assert client.get("/metrics").status_code == 200  # the test client is 127.0.0.1
+
+
+def test_metrics_view_with_a_token_needs_it_even_on_loopback(client, settings):
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "METRICS_TOKEN": "s3cret"}
+    assert client.get("/metrics").status_code == 401
+    assert client.get("/metrics", headers={"Authorization": "Bearer nope"}).status_code == 401
+    fams = scrape(client, Authorization="Bearer s3cret")
+    assert "jobqueue_jobs" in fams
+    assert client.get("/metrics", headers={"Authorization": "Basic cHJvbTpzM2NyZXQ="}).status_code == 200
+
+
+def test_metrics_command_once_prints_a_parseable_scrape(capsys):
+    JobFactory()
+    call_command("metrics", "--once")
+    fams = {f.name: f for f in text_string_to_metric_families(capsys.readouterr().out)}
+    assert list(fams) == FAMILIES
+    assert value(fams, "jobqueue_jobs", state="pending") == 1
+
+
+def test_metrics_command_refuses_a_bad_address():
+    from django.core.management import CommandError
+
+    with pytest.raises(CommandError, match="is not HOST:PORT"):
+        call_command("metrics", "--addr", "nonsense")
+
+
+def test_the_standalone_server_serves_the_same_exposition():
+    from wsgiref.util import setup_testing_defaults
+
+    from queue_app.web import metrics_http
+
+    environ = {"REMOTE_ADDR": "127.0.0.1"}
+    setup_testing_defaults(environ)
+    out = {}
+    body = b"".join(metrics_http.wsgi_app(environ, lambda status, headers: out.update(status=status)))
+    assert out["status"] == "200 OK"
+    assert "jobqueue_dead_letters" in {f.name for f in text_string_to_metric_families(body.decode())}

@@ -1,0 +1,129 @@
+"""django.tasks functions the tests enqueue (module-level, as Django requires)."""
+import asyncio
+import time
+
+import django
+from django.tasks import task
+
+from queue_app.tasks import backend as backends
+
+# Django 6.1's @task passes our options to the backend (tested here); 6.0's refuses them,
+# and the tests there use the helper the README documents for it.
+options_task = task if django.VERSION >= (6, 1) else backends.task
+
+
+class TaskBoom(Exception):
+    pass
+
+
+@task
+def noop():
+    return None
+
+
+@task
+def add(a, b):
+    return a + b
+
+
+@task
+def echo(*args, **kwargs):
+    return {"args": list(args), "kwargs": kwargs}
+
+
+@task
+def fail(message="boom"):
+    raise TaskBoom(message)
+
+
+@task
+def fail_builtin():
+    raise ValueError("plain value error")
+
+
+@task(takes_context=True)
+def attempt_number(context):
+    result = context.task_result
+    return {"attempt": context.attempt, "id": result.id, "workers": result.worker_ids}
+
+
+@task(takes_context=True)
+def fail_until_third_attempt(context):
+    if context.attempt < 3:
+        raise TaskBoom(f"attempt {context.attempt}")
+    return context.attempt
+
+
+@task
+async def async_add(a, b):
+    await asyncio.sleep(0)
+    return a + b
+
+
+@task
+def returns_set():
+    return {1, 2}
+
+
+@options_task(max_attempts=7, timeout=12.5)
+def with_extras():
+    return "extras"
+
+
+@task
+def spin(seconds):
+    """Busy-loop (never sleeps) so only a worker's timeout can stop it."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+    return "spun"
+
+
+@task
+async def async_rendezvous(path, expected, patience=10):
+    """Sign in at ``path``, then wait (awaiting, not blocking) until ``expected`` tasks
+    have signed in; return how many had. Only tasks that run at the same time all see
+    ``expected``: one that ran alone gives up after ``patience`` seconds with fewer."""
+    with open(path, "a") as f:
+        f.write("here\n")
+    end = time.monotonic() + patience
+    while (seen := len(open(path).read().splitlines())) < expected and time.monotonic() < end:
+        await asyncio.sleep(0.01)
+    return seen
+
+
+@options_task(backoff={"base": 5, "max": 60, "jitter": False})
+def with_backoff():
+    return None
+
+
+@task
+def exits(code=3):
+    raise SystemExit(code)
+
+
+@task
+def interrupts():
+    raise KeyboardInterrupt
+
+
+@task
+def crashes():
+    import os
+
+    os._exit(13)
+
+
+@task
+def after(tag="after", parent=None):
+    """A follow-up: says what its parent (chaining.py's payload["parent"]) ended as."""
+    return {"tag": tag, "parent": parent and {k: parent[k] for k in ("id", "kind", "state", "result")},
+            "error": parent and (parent["error"] or {}).get("type")}
+
+
+@options_task(on_success=after, on_failure={"kind": "tests.sample_tasks.after",
+                                             "payload": {"args": ["failed"], "kwargs": {}}})
+def double_then_after(x):
+    if x < 0:
+        raise TaskBoom("negative")
+    return 2 * x

@@ -1,0 +1,102 @@
+import json
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.core.management import CommandError, call_command
+from django.test import Client
+
+from queue_app.web import auth as api_auth
+from queue_app.models import ApiKey, Job
+from tests.factories import JobFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def enqueue_with(client):
+    return client.post("/api/jobs", json.dumps({"kind": "echo"}), content_type="application/json")
+
+
+def staff(*perms, is_staff=True):
+    user = User.objects.create_user("op", password="pw", is_staff=is_staff)
+    user.user_permissions.set(Permission.objects.filter(codename__in=perms, content_type__app_label="queue_app"))
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def test_no_credentials_is_401_for_reads_and_writes():
+    assert Client().get("/api/jobs").status_code == 401
+    assert enqueue_with(Client()).status_code == 401
+    assert Job.objects.count() == 0
+
+
+def test_reads_open_by_setting_but_writes_still_need_credentials(settings):
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "API_READS_OPEN": True}
+    assert Client().get("/api/jobs").status_code == 200
+    assert enqueue_with(Client()).status_code == 401
+
+
+def test_a_wrong_or_revoked_key_is_401():
+    _, raw = api_auth.create("old")
+    assert enqueue_with(Client(headers={"X-API-Key": "jq_wrong"})).status_code == 401
+    api_auth.revoke("old")
+    assert enqueue_with(Client(headers={"X-API-Key": raw})).status_code == 401
+
+
+def test_a_read_only_key_reads_but_cannot_write():
+    _, raw = api_auth.create("reader", can_write=False)
+    client = Client(headers={"X-API-Key": raw})
+    assert client.get("/api/jobs").status_code == 200
+    assert enqueue_with(client).status_code == 403
+    job = JobFactory()
+    assert client.delete(f"/api/jobs/{job.id}").status_code == 403
+    assert Job.objects.get(id=job.id).state == "pending"
+
+
+def test_staff_without_permission_reads_but_cannot_write():
+    client = staff()
+    assert client.get("/api/jobs").status_code == 200
+    assert enqueue_with(client).status_code == 403
+
+
+def test_staff_with_add_job_enqueues_but_needs_change_job_to_cancel():
+    client = staff("add_job")
+    r = enqueue_with(client)
+    assert r.status_code == 201
+    assert client.delete(f"/api/jobs/{r.json()['id']}").status_code == 403
+    assert staff_with_change(r.json()["id"]) == 200
+
+
+def staff_with_change(job_id):
+    user = User.objects.create_user("op2", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(codename="change_job"))
+    client = Client()
+    client.force_login(user)
+    return client.delete(f"/api/jobs/{job_id}").status_code
+
+
+def test_a_logged_in_non_staff_user_is_401():
+    assert staff("add_job", is_staff=False).get("/api/jobs").status_code == 401
+
+
+def test_session_writes_need_a_csrf_token():
+    user = User.objects.create_superuser("root", password="pw")
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(user)
+    r = enqueue_with(client)
+    assert r.status_code == 403 and "CSRF" in r.json()["error"]
+    assert Job.objects.count() == 0
+
+
+def test_apikey_command_prints_a_key_once_and_stores_only_its_hash(capsys):
+    call_command("apikey", "create", "deploy-bot")
+    raw = capsys.readouterr().out.strip()
+    stored = ApiKey.objects.get(name="deploy-bot")
+    assert raw.startswith("jq_") and raw not in (stored.hashed_key, stored.prefix)
+    assert stored.hashed_key == api_auth.hash_key(raw)
+    assert enqueue_with(Client(headers={"X-API-Key": raw})).status_code == 201
+    with pytest.raises(CommandError, match="already exists"):
+        call_command("apikey", "create", "deploy-bot")
+    call_command("apikey", "revoke", "deploy-bot")
+    with pytest.raises(CommandError, match="no active key"):
+        call_command("apikey", "revoke", "deploy-bot")

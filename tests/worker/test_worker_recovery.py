@@ -1,0 +1,129 @@
+"""What a real worker does with jobs it cannot settle, leases of an earlier run under the
+same name, and aborts of jobs it claimed but has not started."""
+import os
+import signal
+import time
+
+import pytest
+from datetime import timedelta
+from django.utils import timezone
+
+from queue_app import enqueue
+from queue_app.core import aborting
+from queue_app.handlers import registry
+from queue_app.models import EventType, Job, State, Worker
+from tests.worker_support import start_worker, stop, wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def events(job):
+    return list(job.events.values_list("type", flat=True))
+
+
+def unsettleable(payload):
+    """Raise an error transitions.fail() refuses (no database stores NUL everywhere, so
+    validation turns it away): the worker cannot record the outcome and gives the job up."""
+    if "path" in payload:
+        with open(payload["path"], "a") as f:
+            f.write("ran\n")
+    raise ValueError("cannot be recorded: \x00")
+
+
+@pytest.mark.parametrize("batch", [1, 5])  # settled by execute(); by the batched path
+def test_job_whose_outcome_cannot_be_recorded_is_not_renewed_but_recovered_with_its_attempt_spent(batch):
+    registry.register("unsettleable", unsettleable)
+    job = enqueue("unsettleable", max_attempts=2)
+    proc = start_worker(batch=batch, lease=1.0, recovery_interval=0.2)
+
+    # Had the heartbeat kept renewing it, it would stay leased for ever.
+    wait_for(lambda: Job.objects.filter(id=job.id, state=State.DEAD_LETTER).exists(), timeout=10,
+             what="both attempts to lapse and be recovered")
+    assert stop(proc) == 0
+
+    job.refresh_from_db()
+    assert job.attempts == 2
+    assert events(job) == [
+        EventType.ENQUEUED, EventType.CLAIMED, EventType.RECOVERED, EventType.CLAIMED, EventType.RECOVERED,
+    ]
+
+
+def test_job_given_up_on_is_not_released_with_its_attempt_refunded_at_shutdown(tmp_path):
+    registry.register("unsettleable", unsettleable)
+    ran = tmp_path / "ran"
+    job = enqueue("unsettleable", {"path": str(ran)}, max_attempts=3)
+    proc = start_worker(lease=30.0)
+    wait_for(ran.exists, what="the handler to run")
+    time.sleep(0.5)  # its failure, refused, is given up on
+
+    assert stop(proc) == 0
+
+    job.refresh_from_db()
+    assert (job.state, job.attempts) == (State.LEASED, 1)  # left to lapse: its handler ran
+    assert EventType.RELEASED not in events(job)
+
+
+def test_restarted_worker_takes_back_what_its_stopped_predecessor_left_leased(tmp_path):
+    marker = tmp_path / "stalled"
+    job = enqueue("stall_once", {"path": str(marker)}, max_attempts=2)
+    first = start_worker(name="same", lease=30.0)
+    wait_for(marker.exists, what="the job to start")
+    os.kill(first.pid, signal.SIGTERM)
+    # The second signal stops it at once: the job stays leased for its 30s lease.
+    assert stop(first, signal.SIGINT, within=10) == 1
+    assert Job.objects.get(id=job.id).state == State.LEASED
+
+    second = start_worker(name="same", lease=30.0)
+    wait_for(lambda: Job.objects.filter(id=job.id, state=State.COMPLETED).exists(), timeout=10,
+             what="the restarted worker to take the job back and run it")
+    assert stop(second) == 0
+
+    job.refresh_from_db()
+    assert job.attempts == 2
+    assert events(job) == [
+        EventType.ENQUEUED, EventType.CLAIMED, EventType.RECOVERED, EventType.CLAIMED, EventType.COMPLETED,
+    ]
+
+
+def test_worker_reusing_a_lost_workers_name_does_not_renew_its_leases(tmp_path):
+    marker = tmp_path / "stalled"
+    job = enqueue("stall_once", {"path": str(marker)}, max_attempts=2)
+    first = start_worker(name="same", lease=1.0)
+    wait_for(marker.exists, what="the job to start")
+    # The supervisor dies without a word; its child dies with it (PDEATHSIG).
+    stop(first, signal.SIGKILL, within=5)
+    Worker.objects.update(last_heartbeat=timezone.now() - timedelta(hours=1))  # shown as lost
+
+    second = start_worker(name="same", lease=1.0, recovery_interval=0.2)
+    wait_for(lambda: Job.objects.filter(id=job.id, state=State.COMPLETED).exists(), timeout=10,
+             what="the lapsed lease to be recovered and the job run again")
+    assert stop(second) == 0
+
+    job.refresh_from_db()
+    assert job.attempts == 2
+    assert EventType.RECOVERED in events(job)
+
+
+@pytest.mark.parametrize("batch", [2, 5])
+def test_abort_of_a_claimed_job_waiting_behind_a_running_one_cancels_it_unstarted(settings, tmp_path, batch):
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "ABORT_CHECK_INTERVAL": 0.1}
+    started = tmp_path / "first"
+    ran = tmp_path / "second"
+    first = enqueue("mark", {"path": str(started), "seconds": 2.0}, priority=5)
+    second = enqueue("mark", {"path": str(ran)}, priority=1)
+    proc = start_worker(batch=batch, threads=1)
+    wait_for(started.exists, what="the first job to start")
+    assert Job.objects.get(id=second.id).state == State.LEASED  # claimed with it, waiting
+
+    aborting.cancel(second.id, actor="ops", reason="not wanted")
+    wait_for(lambda: Job.objects.filter(id=first.id, state=State.COMPLETED).exists(), timeout=10,
+             what="the first job to finish")
+    wait_for(lambda: Job.objects.filter(id=second.id, state=State.CANCELLED).exists(), timeout=5,
+             what="the waiting job to be cancelled")
+    assert stop(proc) == 0
+
+    assert not ran.exists()
+    second.refresh_from_db()
+    assert second.attempts == 1
+    assert events(second)[-2:] == [EventType.ABORT_REQUESTED, EventType.CANCELLED]
+    assert "not started" in second.events.get(type=EventType.CANCELLED).message
