@@ -9,6 +9,7 @@ Seeds N pending jobs with SQL (5 priority levels, ready times spread over the la
 hour, 10% scheduled in the future), then times claims that are rolled back, so every
 round sees the same backlog. Prints median and p95 per batch size, aging on and off.
 """
+
 import argparse
 import os
 import statistics
@@ -20,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "jobqueue_project.settings")
 os.environ.setdefault("DATABASE_URL", f"sqlite:///{Path(__file__).resolve().parent / 'claim.db'}")
 
-import django  # noqa: E402
+import django
 
 django.setup()
 
@@ -28,7 +29,7 @@ from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 from django.test.utils import CaptureQueriesContext  # noqa: E402
 
-from queue_app.core import transitions# noqa: E402
+from queue_app.core import transitions  # noqa: E402
 
 SEED = {
     "postgresql": """
@@ -115,7 +116,9 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="10000,1000000")
     parser.add_argument("--rounds", type=int, default=200)
-    parser.add_argument("--explain", action="store_true", help="print the PostgreSQL plan at the largest size")
+    parser.add_argument(
+        "--explain", action="store_true", help="print the PostgreSQL plan at the largest size"
+    )
     args = parser.parse_args()
     call_command("migrate", verbosity=0)
     print(f"database: {connection.vendor}")

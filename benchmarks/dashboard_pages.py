@@ -8,6 +8,7 @@ retrying), and the rest leased, dead-lettered and cancelled, with enqueued and
 completed events spread over the last two hours. Then asks each page through Django's
 test client (the whole stack but the socket) and prints the median of 5 requests.
 """
+
 import argparse
 import os
 import statistics
@@ -81,7 +82,9 @@ def seed(n):
     from django.db import connection
 
     with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE queue_app_event, queue_app_deadletter, queue_app_job RESTART IDENTITY CASCADE")
+        cursor.execute(
+            "TRUNCATE queue_app_event, queue_app_deadletter, queue_app_job RESTART IDENTITY CASCADE"
+        )
         t = time.perf_counter()
         cursor.execute(SEED, {"n": n})
         cursor.execute(EVENTS)
@@ -139,7 +142,10 @@ def main():
         ("jobs", "/dashboard/jobs/"),
         ("jobs ?status=retrying", "/dashboard/jobs/?status=retrying"),
         ("jobs ?status=dead_letter&kind=email", "/dashboard/jobs/?status=dead_letter&kind=email"),
-        ("jobs page 100 (cursor)", f"/dashboard/jobs/?before={Job.objects.order_by('-id').values_list('id', flat=True)[50 * 100]}"),
+        (
+            "jobs page 100 (cursor)",
+            f"/dashboard/jobs/?before={Job.objects.order_by('-id').values_list('id', flat=True)[50 * 100]}",
+        ),
         ("job detail", f"/dashboard/jobs/{some}/"),
         ("dead letters", "/dashboard/dead-letters/"),
         ("workers", "/dashboard/workers/"),

@@ -10,13 +10,14 @@ time, as K web workers would (each enqueue still its own transaction). ``bulk``:
 ``bulk_enqueue()`` of M jobs (one transaction). Each on a fresh database, timed inside
 the process (Django start-up left out); jobs_per_s is jobs / seconds.
 """
+
 import argparse
 import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from worker_throughput import URLS, django_snippet, fresh_database  # noqa: E402
+from worker_throughput import URLS, django_snippet, fresh_database
 
 SINGLE = """
 import multiprocessing, time
@@ -72,20 +73,32 @@ def measure(db, mode, n, clients=1):
     else:
         code = BULK.format(n=n)
     seconds = json.loads(django_snippet(db, code).strip().splitlines()[-1])["seconds"]
-    line = {"bench": "enqueue", "mode": mode, "db": db, "jobs": n, "seconds": round(seconds, 3),
-            "jobs_per_s": round(n / seconds)}
+    line = {
+        "bench": "enqueue",
+        "mode": mode,
+        "db": db,
+        "jobs": n,
+        "seconds": round(seconds, 3),
+        "jobs_per_s": round(n / seconds),
+    }
     if mode == "single":
         line["clients"] = clients
     return line
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--db", action="append", choices=sorted(URLS))
     parser.add_argument("--single", type=int, default=5000, help="single enqueues (0 skips)")
     parser.add_argument("--bulk", type=int, default=100000, help="jobs in the bulk enqueue (0 skips)")
-    parser.add_argument("--clients", type=int, default=4,
-                        help="also time the single enqueues from this many processes at once (1 skips)")
+    parser.add_argument(
+        "--clients",
+        type=int,
+        default=4,
+        help="also time the single enqueues from this many processes at once (1 skips)",
+    )
     args = parser.parse_args()
     for db in args.db or ["sqlite", "postgres", "mysql"]:
         runs = [("single", args.single, 1)]

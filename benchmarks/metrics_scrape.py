@@ -9,6 +9,7 @@ only migrate it), then prints the time of the first scrape
 (which counts the existing event history once), of steady-state scrapes, and of a
 scrape after 10,000 new events.
 """
+
 import argparse
 import os
 import statistics
@@ -30,7 +31,9 @@ def recreate_database():
 
     db = settings.DATABASES["default"]
     assert db["ENGINE"].endswith("postgresql"), "this benchmark runs on PostgreSQL"
-    with psycopg.connect(host=db["HOST"], port=db["PORT"] or 5432, user=db["USER"], dbname="postgres", autocommit=True) as conn:
+    with psycopg.connect(
+        host=db["HOST"], port=db["PORT"] or 5432, user=db["USER"], dbname="postgres", autocommit=True
+    ) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{db["NAME"]}"')
         conn.execute(f'CREATE DATABASE "{db["NAME"]}"')
 
@@ -105,12 +108,16 @@ def main():
         jobs = cursor.fetchone()[0]
         cursor.execute("SELECT count(*) FROM queue_app_event")
         events = cursor.fetchone()[0]
-    print(f"{'found' if args.reuse else 'seeded'} {jobs:,} jobs and {events:,} events in {time.perf_counter() - start:.1f}s")
+    print(
+        f"{'found' if args.reuse else 'seeded'} {jobs:,} jobs and {events:,} events in {time.perf_counter() - start:.1f}s"
+    )
 
     first = timed(metrics.render)
     print(f"first scrape (folds the {events:,}-event history once): {first * 1000:.0f} ms")
     steady = [timed(metrics.render) for _ in range(5)]
-    print(f"steady-state scrape: median {statistics.median(steady) * 1000:.0f} ms, max {max(steady) * 1000:.0f} ms")
+    print(
+        f"steady-state scrape: median {statistics.median(steady) * 1000:.0f} ms, max {max(steady) * 1000:.0f} ms"
+    )
     with connection.cursor() as cursor:
         cursor.execute(
             """INSERT INTO queue_app_event (job_id, type, at, attempt, worker, from_state, to_state, message, metadata)
@@ -122,9 +129,18 @@ def main():
     print(f"check: jobs={sum(snap.jobs.values()):,} events_total={sum(snap.events.values()):,}")
     with connection.cursor() as cursor:
         for label, sql in [
-            ("GROUP BY state, kind, queue_name", "SELECT state, kind, queue_name, count(*) FROM queue_app_job GROUP BY 1, 2, 3"),
-            ("oldest ready job", "SELECT min(run_at) FROM queue_app_job WHERE state = 'pending' AND run_at <= now()"),
-            ("unresolved dead letters", "SELECT count(*) FROM queue_app_deadletter WHERE resolved_at IS NULL"),
+            (
+                "GROUP BY state, kind, queue_name",
+                "SELECT state, kind, queue_name, count(*) FROM queue_app_job GROUP BY 1, 2, 3",
+            ),
+            (
+                "oldest ready job",
+                "SELECT min(run_at) FROM queue_app_job WHERE state = 'pending' AND run_at <= now()",
+            ),
+            (
+                "unresolved dead letters",
+                "SELECT count(*) FROM queue_app_deadletter WHERE resolved_at IS NULL",
+            ),
         ]:
             t = time.perf_counter()
             cursor.execute(sql)

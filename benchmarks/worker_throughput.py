@@ -15,6 +15,7 @@ so the poll interval should not show; on SQLite idle workers watch PRAGMA data_v
 event id (MARIADB_WAKE_INTERVAL). Each drain line also carries the peak resident memory
 per process.
 """
+
 import argparse
 import json
 import os
@@ -67,20 +68,40 @@ def django_snippet(db, code):
 
 def one(db, jobs, concurrency, batch, threads):
     fresh_database(db)
-    django_snippet(db, (
-        f"from queue_app import bulk_enqueue\nbulk_enqueue([{{'kind': 'noop'}}] * {jobs})\n"
-        # Fresh statistics, as autovacuum would soon provide: without them PostgreSQL
-        # plans the claim's final step as a scan of every pending row (see README).
-        "from django.db import connection\n"
-        "if connection.vendor != 'sqlite':\n"
-        "    connection.cursor().execute('ANALYZE ' + ('TABLE ' if connection.vendor == 'mysql' else '')"
-        " + 'queue_app_job')\n"
-    ))
+    django_snippet(
+        db,
+        (
+            f"from queue_app import bulk_enqueue\nbulk_enqueue([{{'kind': 'noop'}}] * {jobs})\n"
+            # Fresh statistics, as autovacuum would soon provide: without them PostgreSQL
+            # plans the claim's final step as a scan of every pending row (see README).
+            "from django.db import connection\n"
+            "if connection.vendor != 'sqlite':\n"
+            "    connection.cursor().execute('ANALYZE ' + ('TABLE ' if connection.vendor == 'mysql' else '')"
+            " + 'queue_app_job')\n"
+        ),
+    )
     began = time.perf_counter()
     env = dict(os.environ, DATABASE_URL=URLS[db], JOBQUEUE_LOG_LEVEL="WARNING")
-    proc = subprocess.Popen([PY, "manage.py", "runworker", "--burst", "--import", "tests.worker_support",
-                             "--concurrency", str(concurrency), "--threads", str(threads), "--batch", str(batch),
-                             "--poll", "50ms"], cwd=ROOT, env=env)
+    proc = subprocess.Popen(
+        [
+            PY,
+            "manage.py",
+            "runworker",
+            "--burst",
+            "--import",
+            "tests.worker_support",
+            "--concurrency",
+            str(concurrency),
+            "--threads",
+            str(threads),
+            "--batch",
+            str(batch),
+            "--poll",
+            "50ms",
+        ],
+        cwd=ROOT,
+        env=env,
+    )
     peak = {}
     while proc.poll() is None:
         for pid, mb in rss_tree(proc.pid).items():
@@ -90,16 +111,27 @@ def one(db, jobs, concurrency, batch, threads):
         raise subprocess.CalledProcessError(proc.returncode, "runworker")
     wall = time.perf_counter() - began
     children = [mb for pid, mb in peak.items() if pid != proc.pid]
-    report = json.loads(django_snippet(db, (
-        "from django.db.models import Min, Max\nfrom queue_app.models import Job\n"
-        "a = Job.objects.aggregate(first=Min('started_at'), last=Max('finished_at'))\n"
-        "print(json.dumps({'done': Job.objects.completed().count(),"
-        " 'span': (a['last'] - a['first']).total_seconds()}))"
-    )))
+    report = json.loads(
+        django_snippet(
+            db,
+            (
+                "from django.db.models import Min, Max\nfrom queue_app.models import Job\n"
+                "a = Job.objects.aggregate(first=Min('started_at'), last=Max('finished_at'))\n"
+                "print(json.dumps({'done': Job.objects.completed().count(),"
+                " 'span': (a['last'] - a['first']).total_seconds()}))"
+            ),
+        )
+    )
     return {
-        "bench": "worker_drain", "db": db, "jobs": jobs, "completed": report["done"],
-        "concurrency": concurrency, "threads": threads, "batch": batch,
-        "drain_s": round(report["span"], 3), "jobs_per_s": round(report["done"] / report["span"]),
+        "bench": "worker_drain",
+        "db": db,
+        "jobs": jobs,
+        "completed": report["done"],
+        "concurrency": concurrency,
+        "threads": threads,
+        "batch": batch,
+        "drain_s": round(report["span"], 3),
+        "jobs_per_s": round(report["done"] / report["span"]),
         "wall_s": round(wall, 3),
         # Peak resident set per process, sampled every 100 ms: supervisor and children.
         "rss_mb_supervisor": round(peak.get(proc.pid, 0), 1),
@@ -150,8 +182,21 @@ def latency(db, n, poll):
     """Enqueue ``n`` jobs 20 ms apart into idle workers; enqueue-to-start percentiles."""
     fresh_database(db)
     env = dict(os.environ, DATABASE_URL=URLS[db], JOBQUEUE_LOG_LEVEL="WARNING")
-    proc = subprocess.Popen([PY, "manage.py", "runworker", "--import", "tests.worker_support",
-                             "--concurrency", "2", "--poll", poll], cwd=ROOT, env=env)
+    proc = subprocess.Popen(
+        [
+            PY,
+            "manage.py",
+            "runworker",
+            "--import",
+            "tests.worker_support",
+            "--concurrency",
+            "2",
+            "--poll",
+            poll,
+        ],
+        cwd=ROOT,
+        env=env,
+    )
     try:
         report = json.loads(django_snippet(db, LATENCY.format(n=n)))
     finally:
@@ -161,15 +206,21 @@ def latency(db, n, poll):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--db", action="append", choices=sorted(URLS))
     parser.add_argument("--jobs", type=int, default=10000)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--batch", default="1,100", help="comma-separated batch sizes")
     parser.add_argument("--latency", action="store_true", help="measure enqueue-to-start latency instead")
-    parser.add_argument("--poll", default="1s", help="idle poll interval for --latency (PostgreSQL wakes on "
-                        "NOTIFY, SQLite on PRAGMA data_version, MariaDB only polls)")
+    parser.add_argument(
+        "--poll",
+        default="1s",
+        help="idle poll interval for --latency (PostgreSQL wakes on "
+        "NOTIFY, SQLite on PRAGMA data_version, MariaDB only polls)",
+    )
     args = parser.parse_args()
     if args.latency:
         for db in args.db or ["sqlite", "postgres", "mysql"]:
@@ -180,8 +231,17 @@ def main():
             try:
                 print(json.dumps(one(db, args.jobs, args.concurrency, batch, args.threads)), flush=True)
             except subprocess.CalledProcessError as exc:
-                print(json.dumps({"bench": "worker_drain", "db": db, "batch": batch,
-                                  "error": (exc.stderr or "")[-500:]}), flush=True)
+                print(
+                    json.dumps(
+                        {
+                            "bench": "worker_drain",
+                            "db": db,
+                            "batch": batch,
+                            "error": (exc.stderr or "")[-500:],
+                        }
+                    ),
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

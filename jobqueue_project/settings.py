@@ -2,6 +2,7 @@
 
 DATABASE_URL picks the store: sqlite:///queue.db (default), postgres://..., mysql://...
 """
+
 from pathlib import Path
 
 import environ
@@ -81,7 +82,9 @@ def _database(url):
         # single-enqueue rate. PostgreSQL and MariaDB always sync commits.
         synchronous = env("SQLITE_SYNCHRONOUS", default="NORMAL").upper()
         if synchronous not in ("NORMAL", "FULL", "EXTRA"):
-            raise ImproperlyConfigured(f"SQLITE_SYNCHRONOUS must be NORMAL, FULL or EXTRA, not {synchronous!r}")
+            raise ImproperlyConfigured(
+                f"SQLITE_SYNCHRONOUS must be NORMAL, FULL or EXTRA, not {synchronous!r}"
+            )
         options.setdefault(
             "init_command",
             f"PRAGMA journal_mode=WAL; PRAGMA synchronous={synchronous}; PRAGMA busy_timeout=30000;",

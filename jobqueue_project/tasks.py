@@ -7,6 +7,7 @@
 
 Per call: ``send_welcome_email.using(priority=50, run_after=later, idempotency_key="welcome:42")``.
 """
+
 import asyncio
 import logging
 

@@ -5,6 +5,7 @@ Jobs are never saved from a form: every change is an action that goes through
 action comes twice: for the selected jobs, and for every job matching the current
 filter and search, which runs in batches (see ``operations.apply_many``).
 """
+
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
@@ -15,14 +16,14 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from queue_app.worker import capture
-from queue_app.ops import dashboard
-from queue_app.ops import actions as operations
-from queue_app.worker import schedules as scheduling
-from queue_app.core import validation
 from queue_app.conf import settings
+from queue_app.core import validation
 from queue_app.exceptions import InvalidJob
 from queue_app.models import DeadLetter, Event, Job, KindLimit, Pause, Schedule, Worker
+from queue_app.ops import actions as operations
+from queue_app.ops import dashboard
+from queue_app.worker import capture
+from queue_app.worker import schedules as scheduling
 
 MATCHING = "_matching"
 
@@ -96,7 +97,15 @@ class _ReadOnlyInline(admin.TabularInline):
 class EventInline(_ReadOnlyInline):
     model = Event
     fields = [
-        "at", "type", "from_state", "to_state", "attempt", "worker", "message", "captured_output", "metadata",
+        "at",
+        "type",
+        "from_state",
+        "to_state",
+        "attempt",
+        "worker",
+        "message",
+        "captured_output",
+        "metadata",
     ]
     readonly_fields = fields
     ordering = ["id"]
@@ -106,10 +115,12 @@ class EventInline(_ReadOnlyInline):
         """What the attempt's handler printed and logged (capture.py), one block per stream."""
         return format_html_join(
             "",
-            '<div><strong>{}</strong>{}'
+            "<div><strong>{}</strong>{}"
             '<pre style="white-space: pre-wrap; max-height: 16em; overflow: auto">{}</pre></div>',
-            ((name, f" (last part; {dropped} bytes dropped)" if dropped else "", text)
-             for name, text, dropped in capture.streams((event.metadata or {}).get("output"))),
+            (
+                (name, f" (last part; {dropped} bytes dropped)" if dropped else "", text)
+                for name, text, dropped in capture.streams((event.metadata or {}).get("output"))
+            ),
         )
 
 
@@ -142,8 +153,15 @@ def _make_action(action, matching):
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
     list_display = [
-        "id", "kind", "queue_name", "status_badge", "priority", "effective", "attempts_column",
-        "run_at", "age",
+        "id",
+        "kind",
+        "queue_name",
+        "status_badge",
+        "priority",
+        "effective",
+        "attempts_column",
+        "run_at",
+        "age",
     ]
     list_display_links = ["id"]
     list_filter = [StatusFilter, KindFilter, QueueFilter]
@@ -196,7 +214,9 @@ class JobAdmin(admin.ModelAdmin):
             return queryset, False
         if term.lstrip("#").isdigit():
             return queryset.filter(id=int(term.lstrip("#"))), False
-        matches = Q(kind__icontains=term) | Q(idempotency_key__icontains=term) | Q(payload_text__icontains=term)
+        matches = (
+            Q(kind__icontains=term) | Q(idempotency_key__icontains=term) | Q(payload_text__icontains=term)
+        )
         return queryset.annotate(payload_text=Cast("payload", TextField())).filter(matches), False
 
     def run_action(self, request, queryset, action, matching):
@@ -284,7 +304,9 @@ class EventAdmin(_AppendOnly):
 
     @admin.display(description="job", ordering="job_id")
     def job_link(self, event):
-        return format_html('<a href="{}">#{}</a>', reverse("admin:queue_app_job_change", args=[event.job_id]), event.job_id)
+        return format_html(
+            '<a href="{}">#{}</a>', reverse("admin:queue_app_job_change", args=[event.job_id]), event.job_id
+        )
 
 
 class ResolvedFilter(admin.SimpleListFilter):
@@ -302,7 +324,16 @@ class ResolvedFilter(admin.SimpleListFilter):
 
 @admin.register(DeadLetter)
 class DeadLetterAdmin(_AppendOnly):
-    list_display = ["id", "job_link", "kind", "attempts", "reason", "error_message", "created_at", "resolved_at"]
+    list_display = [
+        "id",
+        "job_link",
+        "kind",
+        "attempts",
+        "reason",
+        "error_message",
+        "created_at",
+        "resolved_at",
+    ]
     list_filter = [ResolvedFilter, "reason"]
     search_fields = ["=job__id", "kind"]
     show_full_result_count = False
@@ -321,19 +352,35 @@ class DeadLetterAdmin(_AppendOnly):
 
     @admin.display(description="job", ordering="job_id")
     def job_link(self, letter):
-        return format_html('<a href="{}">#{}</a>', reverse("admin:queue_app_job_change", args=[letter.job_id]), letter.job_id)
+        return format_html(
+            '<a href="{}">#{}</a>', reverse("admin:queue_app_job_change", args=[letter.job_id]), letter.job_id
+        )
 
     @admin.display(description="error")
     def error_message(self, letter):
         error = letter.error or {}
-        return f"{error.get('type', '')}: {error.get('message', '')}"[:160] if isinstance(error, dict) else str(error)[:160]
+        return (
+            f"{error.get('type', '')}: {error.get('message', '')}"[:160]
+            if isinstance(error, dict)
+            else str(error)[:160]
+        )
 
 
 @admin.register(Worker)
 class WorkerAdmin(admin.ModelAdmin):
     list_display = [
-        "name", "host", "pid", "status", "heartbeat_age", "jobs_in_hand", "jobs_done",
-        "concurrency", "threads", "queues", "started_at", "stop_requested_at",
+        "name",
+        "host",
+        "pid",
+        "status",
+        "heartbeat_age",
+        "jobs_in_hand",
+        "jobs_done",
+        "concurrency",
+        "threads",
+        "queues",
+        "started_at",
+        "stop_requested_at",
     ]
     list_filter = ["state", "host"]
     search_fields = ["name", "host"]
@@ -423,7 +470,13 @@ class KindLimitForm(_ValidatedForm):
 class KindLimitAdmin(admin.ModelAdmin):
     form = KindLimitForm
     list_display = [
-        "kind", "concurrency", "leased_now", "per_key", "rate_limit", "rate_period", "from_settings",
+        "kind",
+        "concurrency",
+        "leased_now",
+        "per_key",
+        "rate_limit",
+        "rate_period",
+        "from_settings",
         "updated_at",
     ]
 
@@ -440,7 +493,17 @@ class KindLimitAdmin(admin.ModelAdmin):
 class ScheduleForm(_ValidatedForm):
     class Meta:
         model = Schedule
-        fields = ["name", "cron", "kind", "payload", "queue_name", "priority", "timezone", "enabled", "missed_ticks"]
+        fields = [
+            "name",
+            "cron",
+            "kind",
+            "payload",
+            "queue_name",
+            "priority",
+            "timezone",
+            "enabled",
+            "missed_ticks",
+        ]
 
     def clean(self):
         data = super().clean()

@@ -7,8 +7,8 @@ class QueueAppConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from queue_app.handlers import registry
         from queue_app.core import webhooks
+        from queue_app.handlers import registry
 
         registry.register(webhooks.KIND, webhooks.deliver)
         registry.load_configured_handlers()

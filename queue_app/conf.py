@@ -10,6 +10,7 @@ A project overrides any of them in its settings module::
 This is the only module that reads ``django.conf.settings`` for the queue; everything
 else asks ``queue_app.conf.settings``. Values reload when a test overrides settings.
 """
+
 from django.core.signals import setting_changed
 
 DEFAULTS = {
@@ -195,7 +196,10 @@ def project_packages():
     """The top-level packages of the settings module and ROOT_URLCONF."""
     from django.conf import settings as django_settings
 
-    paths = (getattr(django_settings, "SETTINGS_MODULE", None), getattr(django_settings, "ROOT_URLCONF", None))
+    paths = (
+        getattr(django_settings, "SETTINGS_MODULE", None),
+        getattr(django_settings, "ROOT_URLCONF", None),
+    )
     return [path.partition(".")[0] for path in paths if isinstance(path, str) and path]
 
 

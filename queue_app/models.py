@@ -3,6 +3,7 @@
 Only ``queue_app.core.transitions`` changes ``Job.state`` or writes Event and DeadLetter rows.
 The claim query's indexes are vendor-specific and live in migration 0002.
 """
+
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
@@ -108,9 +109,13 @@ class Job(models.Model):
     on_success = models.JSONField(null=True, blank=True)
     on_failure = models.JSONField(null=True, blank=True)
     parent = models.ForeignKey(
-        "self", null=True, blank=True, related_name="children",
+        "self",
+        null=True,
+        blank=True,
+        related_name="children",
         # No constraint and no cascade: pruning a parent leaves the child's history alone.
-        on_delete=models.DO_NOTHING, db_constraint=False,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
     )
     webhook_url = models.CharField(max_length=2000, null=True, blank=True)
     # Per-job retry backoff; empty means the JOBQUEUE BACKOFF_* settings (conf.py).
@@ -359,7 +364,9 @@ class KindLimit(models.Model):
 
     kind = models.CharField(max_length=KIND_MAX_LENGTH, primary_key=True)
     concurrency = models.PositiveIntegerField(null=True, blank=True, help_text="Empty: no limit.")
-    rate_limit = models.PositiveIntegerField(null=True, blank=True, help_text="Starts per period; empty: no limit.")
+    rate_limit = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Starts per period; empty: no limit."
+    )
     per_key = models.PositiveIntegerField(
         null=True, blank=True, help_text="Leased at once per concurrency key; empty: no limit."
     )
@@ -388,7 +395,9 @@ class Schedule(models.Model):
 
     id = models.BigAutoField(primary_key=True)
     name = models.CharField(max_length=100, unique=True)
-    cron = models.CharField(max_length=200, help_text="Cron expression, e.g. '*/5 * * * *' (croniter; 6 fields = seconds).")
+    cron = models.CharField(
+        max_length=200, help_text="Cron expression, e.g. '*/5 * * * *' (croniter; 6 fields = seconds)."
+    )
     kind = models.CharField(max_length=KIND_MAX_LENGTH)
     payload = models.JSONField(default=dict, blank=True)
     queue_name = models.CharField(max_length=QUEUE_NAME_MAX_LENGTH, default="default")

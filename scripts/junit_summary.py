@@ -1,4 +1,5 @@
 """Add up the per-database JUnit files into one closing line; fail when nothing ran."""
+
 import sys
 import xml.etree.ElementTree as ET
 
@@ -7,7 +8,9 @@ per_db = []
 for path in sys.argv[1:]:
     root = ET.parse(path).getroot()
     for suite in root.iter("testsuite"):
-        tests, failures, errors, skipped = (int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped"))
+        tests, failures, errors, skipped = (
+            int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")
+        )
         passed = tests - failures - errors - skipped
         totals["passed"] += passed
         totals["failed"] += failures + errors

@@ -19,11 +19,9 @@ def pytest_report_header(config):
 @pytest.fixture(autouse=True)
 def _test_handlers():
     """Register the test handlers for every test and drop anything a test added."""
-    before = dict(registry._handlers)
-    handlers.register_all()
-    yield
-    registry._handlers.clear()
-    registry._handlers.update(before)
+    with registry.override():
+        handlers.register_all()
+        yield
 
 
 # Settings keys the project reads from JOBQUEUE_* environment variables, at the values

@@ -1,4 +1,5 @@
 """Handlers the tests run: ones that succeed, raise, sleep and crash."""
+
 import os
 import time
 

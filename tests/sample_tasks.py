@@ -1,4 +1,5 @@
 """django.tasks functions the tests enqueue (module-level, as Django requires)."""
+
 import asyncio
 import time
 
@@ -117,12 +118,17 @@ def crashes():
 @task
 def after(tag="after", parent=None):
     """A follow-up: says what its parent (chaining.py's payload["parent"]) ended as."""
-    return {"tag": tag, "parent": parent and {k: parent[k] for k in ("id", "kind", "state", "result")},
-            "error": parent and (parent["error"] or {}).get("type")}
+    return {
+        "tag": tag,
+        "parent": parent and {k: parent[k] for k in ("id", "kind", "state", "result")},
+        "error": parent and (parent["error"] or {}).get("type"),
+    }
 
 
-@options_task(on_success=after, on_failure={"kind": "tests.sample_tasks.after",
-                                             "payload": {"args": ["failed"], "kwargs": {}}})
+@options_task(
+    on_success=after,
+    on_failure={"kind": "tests.sample_tasks.after", "payload": {"args": ["failed"], "kwargs": {}}},
+)
 def double_then_after(x):
     if x < 0:
         raise TaskBoom("negative")

@@ -1,5 +1,6 @@
 """Rules from DESIGN.md that hold across modules: one writer of state and events,
 atomic transitions, an index-driven claim, idempotency-key lifetime, lost-lease logging."""
+
 import logging
 import re
 from datetime import timedelta
@@ -10,8 +11,7 @@ from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from queue_app import bulk_enqueue, enqueue
-from queue_app.core import flow
-from queue_app.core import transitions
+from queue_app.core import flow, transitions
 from queue_app.models import Event, Job, State
 
 APP = Path(__file__).resolve().parent.parent / "queue_app"
@@ -38,12 +38,12 @@ def test_nothing_outside_transitions_writes_job_state_events_or_dead_letters():
 
 
 def test_the_guard_recognises_a_direct_state_write():
-    assert WRITES.search('Job.objects.filter(id=1).update(state=State.COMPLETED)')
-    assert WRITES.search('Event.objects.using(db).bulk_create(rows)')
+    assert WRITES.search("Job.objects.filter(id=1).update(state=State.COMPLETED)")
+    assert WRITES.search("Event.objects.using(db).bulk_create(rows)")
     assert WRITES.search("rows.append(Event(job_id=1))")
     assert not WRITES.search("stop = threading.Event()")
     assert WRITES.search('cursor.execute("INSERT INTO queue_app_event (job_id) VALUES (1)")')
-    assert not WRITES.search('Job.objects.filter(state=State.PENDING).count()')
+    assert not WRITES.search("Job.objects.filter(state=State.PENDING).count()")
 
 
 @pytest.mark.django_db(transaction=True)
@@ -53,9 +53,13 @@ def test_a_transition_whose_event_cannot_be_written_changes_nothing():
     # Make the event insert fail inside complete(): the job update must roll back with it.
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
-            cursor.execute("ALTER TABLE queue_app_event ADD CONSTRAINT jq_test_no_completed CHECK (type <> 'completed') NOT VALID")
+            cursor.execute(
+                "ALTER TABLE queue_app_event ADD CONSTRAINT jq_test_no_completed CHECK (type <> 'completed') NOT VALID"
+            )
         elif connection.vendor == "mysql":
-            cursor.execute("ALTER TABLE queue_app_event ADD CONSTRAINT jq_test_no_completed CHECK (type <> 'completed')")
+            cursor.execute(
+                "ALTER TABLE queue_app_event ADD CONSTRAINT jq_test_no_completed CHECK (type <> 'completed')"
+            )
         else:
             cursor.execute(
                 "CREATE TRIGGER jq_test_no_completed BEFORE INSERT ON queue_app_event "
@@ -101,7 +105,11 @@ def _seed_analyzed(specs):
     """Enqueue ``specs``, refresh the planner's statistics, and return the time after."""
     bulk_enqueue(specs)
     with connection.cursor() as cursor:
-        cursor.execute({"postgresql": "ANALYZE queue_app_job", "mysql": "ANALYZE TABLE queue_app_job"}.get(connection.vendor, "ANALYZE"))
+        cursor.execute(
+            {"postgresql": "ANALYZE queue_app_job", "mysql": "ANALYZE TABLE queue_app_job"}.get(
+                connection.vendor, "ANALYZE"
+            )
+        )
         if connection.vendor == "mysql":
             cursor.fetchall()
     # After the inserts: on a loaded machine they can take longer than the second of
@@ -117,7 +125,9 @@ def _assert_seeks(plans, *indexes):
     elif connection.vendor == "mysql":
         assert "'type': 'ALL'" not in text, text
     else:
-        scans = [line for line in plans if re.match(r"SCAN (queue_app_job|j|k|k2)\b", line) and "USING" not in line]
+        scans = [
+            line for line in plans if re.match(r"SCAN (queue_app_job|j|k|k2)\b", line) and "USING" not in line
+        ]
         assert scans == [], text
     for index in indexes:
         assert index in text, text
@@ -126,19 +136,24 @@ def _assert_seeks(plans, *indexes):
 @pytest.mark.django_db(transaction=True)
 def test_the_claim_seeks_indexes_and_never_scans_the_job_table():
     now = _seed_analyzed(
-        [{"kind": "echo", "priority": (i % 5) * 10 - 20, "queue_name": "a" if i % 3 else "b"} for i in range(6000)]
+        [
+            {"kind": "echo", "priority": (i % 5) * 10 - 20, "queue_name": "a" if i % 3 else "b"}
+            for i in range(6000)
+        ]
     )
     for queues in (None, ["b"]):
         captured = []
 
         def capture(execute, sql, params, many, context):
-            if "queue_app_job" in sql and "levels" in sql or "priority" in sql:
+            if ("queue_app_job" in sql and "levels" in sql) or "priority" in sql:
                 captured.append((sql, params))
             return execute(sql, params, many, context)
 
         with transaction.atomic():
             with connection.execute_wrapper(capture):
-                jobs = transitions.claim("w", limit=10, queues=queues, aging=30, now=now + timedelta(seconds=1))
+                jobs = transitions.claim(
+                    "w", limit=10, queues=queues, aging=30, now=now + timedelta(seconds=1)
+                )
             assert len(jobs) == 10
             plans = _plans(captured)
             transaction.set_rollback(True)
@@ -150,7 +165,10 @@ def test_the_claim_seeks_indexes_and_never_scans_the_job_table():
 def test_a_per_key_claim_seeks_indexes_and_never_scans_the_job_table():
     flow.set_limit("echo", per_key=1)
     now = _seed_analyzed(
-        [{"kind": "echo", "priority": (i % 5) * 10 - 20, "concurrency_key": f"k{i % 40}"} for i in range(6000)]
+        [
+            {"kind": "echo", "priority": (i % 5) * 10 - 20, "concurrency_key": f"k{i % 40}"}
+            for i in range(6000)
+        ]
     )
     # Keys already at their limit: the claim below counts them and excludes them.
     assert len(transitions.claim("w0", limit=10, now=now + timedelta(seconds=1))) == 10

@@ -1,20 +1,29 @@
 """The example project's settings from the environment: each case is a fresh `manage.py`
 process (settings are read once, at start-up), on its own SQLite file."""
+
 import os
 import subprocess
 import sys
 
 from tests.worker_support import ROOT
 
-SHOW_SYNC = "from django.db import connection; print(connection.cursor().execute('PRAGMA synchronous').fetchone()[0])"
+SHOW_SYNC = (
+    "from django.db import connection; print(connection.cursor().execute('PRAGMA synchronous').fetchone()[0])"
+)
 
 
 def manage_shell(tmp_path, code, **env):
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("JOBQUEUE_") and k != "SQLITE_TEST_NAME"}
+    environ = {
+        k: v for k, v in os.environ.items() if not k.startswith("JOBQUEUE_") and k != "SQLITE_TEST_NAME"
+    }
     environ.update(DATABASE_URL=f"sqlite:///{tmp_path / 'settings.db'}", **env)
     return subprocess.run(
         [sys.executable, str(ROOT / "manage.py"), "shell", "--verbosity", "0", "-c", code],
-        cwd=ROOT, env=environ, capture_output=True, text=True, timeout=60,
+        cwd=ROOT,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 

@@ -3,6 +3,7 @@
 The handlers register on import, so a `manage.py runworker --import tests.worker_support`
 subprocess has them too.
 """
+
 import multiprocessing
 import os
 import signal
@@ -117,7 +118,6 @@ def stop(proc, sig=signal.SIGTERM, within=15):
     return join(proc, within)
 
 
-
 def start_worker(**options):
     """Fork a runworker supervisor (it inherits this process's settings, test database
     and handlers); return the Process. ``worker.run`` forks its own children from it."""
@@ -177,7 +177,12 @@ def manage(*args, **popen):
     connections.close_all()
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "manage.py"), *args],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **popen,
     )
     _started.append(proc)
     return proc

@@ -20,6 +20,7 @@ A job whose worker dies before step 3 or 4 is cancelled by lease recovery, and o
 given back unstarted (shutdown) is cancelled by ``release``: neither runs again.
 A handler that returns before its flag is set completes normally: the work is done.
 """
+
 from django.db import router, transaction
 
 from queue_app.core import transitions

@@ -1,5 +1,6 @@
 """HOST:PORT addresses of the servers (``web``, ``metrics`` and their sidecars beside a
 worker): one parser, so every flag accepts and refuses the same strings."""
+
 import re
 
 _ADDR = re.compile(r"^(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9.\-]*):(?P<port>\d{1,5})$")

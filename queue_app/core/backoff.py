@@ -9,6 +9,7 @@
 >>> 0 <= delay(5, jitter=True, rng=__import__("random").Random(1)) <= 32
 True
 """
+
 import random
 
 

@@ -5,6 +5,7 @@
 >>> parse("0")
 0.0
 """
+
 import math
 import re
 

@@ -1,15 +1,15 @@
 """The Python API for putting work on the queue.
 
-    from queue_app import enqueue
-    job = enqueue("email", {"to": "a@example.com"}, priority=20, run_after=60)
-    job.was_created   # False when an idempotency key matched an existing job
+from queue_app import enqueue
+job = enqueue("email", {"to": "a@example.com"}, priority=20, run_after=60)
+job.was_created   # False when an idempotency key matched an existing job
 """
+
 from django.utils import timezone
 
-from queue_app.core import transitions
-from queue_app.core import validation
-from queue_app.exceptions import InvalidJob
+from queue_app.core import transitions, validation
 from queue_app.core.validation import EnqueueRequest  # noqa: F401  (re-exported)
+from queue_app.exceptions import InvalidJob
 
 
 def enqueue(kind, payload=None, /, *, using=None, **options):

@@ -62,6 +62,7 @@ starts so far; a claim after ``window_start + rate_period`` opens a new window. 
 every fixed window it can admit up to twice the rate across a window boundary over a
 period-long span; the count over whole windows is exact.
 """
+
 import random
 from collections import Counter
 from dataclasses import dataclass
@@ -70,8 +71,8 @@ from datetime import timedelta
 from django.db import connections, transaction
 from django.utils import timezone
 
-from queue_app.core import validation
 from queue_app.conf import settings
+from queue_app.core import validation
 from queue_app.exceptions import InvalidJob
 from queue_app.models import KIND_MAX_LENGTH, Job, KindLimit, Pause, PauseScope, State
 
@@ -159,7 +160,13 @@ def _positive_int(value, field):
 
 
 def set_limit(
-    kind, *, concurrency=_UNSET, per_key=_UNSET, rate_limit=_UNSET, rate_period=_UNSET, from_settings=False,
+    kind,
+    *,
+    concurrency=_UNSET,
+    per_key=_UNSET,
+    rate_limit=_UNSET,
+    rate_period=_UNSET,
+    from_settings=False,
     using="default",
 ):
     """Create or change a kind's limits; None clears one. Return the KindLimit."""
@@ -174,7 +181,9 @@ def set_limit(
     if rate_period is not _UNSET:
         changes["rate_period"] = validation.seconds(rate_period, "rate_period", maximum=366 * 86400)
     with transaction.atomic(using=using):
-        limit, _ = KindLimit.objects.using(using).select_for_update().get_or_create(kind=kind, defaults=changes)
+        limit, _ = (
+            KindLimit.objects.using(using).select_for_update().get_or_create(kind=kind, defaults=changes)
+        )
         for field, value in changes.items():
             setattr(limit, field, value)
         limit.save(using=using)

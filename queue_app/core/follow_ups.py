@@ -18,6 +18,7 @@ A template is validated when the parent is enqueued. If it no longer validates w
 the parent finishes (a setting changed, the parent's result is too large to pass on),
 the parent still finishes and its event records ``chain_error`` instead.
 """
+
 import dataclasses
 import logging
 
@@ -41,7 +42,7 @@ def follow_up(job, state, now, *, result=None, error=None, using="default"):
     template = template_for(job, state)
     if not template:
         return {}
-    from queue_app.core import transitions# transitions calls us: import on use
+    from queue_app.core import transitions  # transitions calls us: import on use
 
     spec = dict(template)
     kind = spec.pop("kind")

@@ -6,6 +6,7 @@ interval it has waited since it became ready (run_at), so a scheduled job starts
 aging only once its time has come. Ages are whole microseconds so that this model and
 the database agree exactly at interval boundaries.
 """
+
 from datetime import timedelta
 
 _US = timedelta(microseconds=1)

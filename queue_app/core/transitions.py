@@ -24,6 +24,7 @@ job and appends exactly one Event row. Nothing else writes Job.state, Event or D
       fencing token. A worker whose lease lapsed and was recovered (or re-claimed, even
       by itself) matches nothing, changes nothing, and is told so by the return value.
 """
+
 import json
 import logging
 from datetime import timedelta
@@ -34,15 +35,11 @@ from django.db import IntegrityError, connections, router, transaction
 from django.db.models import BooleanField, ExpressionWrapper, Q
 from django.utils import timezone
 
-from queue_app.core import backoff
-from queue_app.core import follow_ups as chaining
-from queue_app.core import flow
-from queue_app.engines import leasing
-from queue_app.core import ordering
-from queue_app.engines import rows
-from queue_app.core import validation
-from queue_app.core import webhooks
 from queue_app.conf import settings
+from queue_app.core import backoff, flow, ordering, validation, webhooks
+from queue_app.core import events as events_
+from queue_app.core import follow_ups as chaining
+from queue_app.engines import leasing, rows
 from queue_app.exceptions import InvalidTransition, JobNotFound
 from queue_app.models import DeadLetter, Event, EventType, Job, State
 
@@ -55,7 +52,9 @@ def _db(using=None):
     return using or router.db_for_write(Job)
 
 
-def _event(job_id, type_, now, *, from_state="", to_state="", attempt=0, worker="", message="", metadata=None):
+def _event(
+    job_id, type_, now, *, from_state="", to_state="", attempt=0, worker="", message="", metadata=None
+):
     return Event(
         job_id=job_id,
         type=type_,
@@ -131,17 +130,34 @@ _PENDING = State.PENDING.value  # an enum member's .value is a property call
 def _given(req, now):
     """What a new job's row sets (rows.JobWriter fills the other columns' defaults)."""
     return {
-        "kind": req.kind, "payload": req.payload, "queue_name": req.queue_name, "priority": req.priority,
-        "run_at": req.run_at or now, "state": _PENDING, "attempts": 0, "max_attempts": req.max_attempts,
-        "idempotency_key": req.idempotency_key, "timeout": req.timeout, "created_at": now,
-        "on_success": req.on_success, "on_failure": req.on_failure, "webhook_url": req.webhook_url,
-        "parent_id": req.parent_id, "backoff_base": req.backoff_base, "backoff_max": req.backoff_max,
-        "backoff_jitter": req.backoff_jitter, "concurrency_key": req.concurrency_key,
+        "kind": req.kind,
+        "payload": req.payload,
+        "queue_name": req.queue_name,
+        "priority": req.priority,
+        "run_at": req.run_at or now,
+        "state": _PENDING,
+        "attempts": 0,
+        "max_attempts": req.max_attempts,
+        "idempotency_key": req.idempotency_key,
+        "timeout": req.timeout,
+        "created_at": now,
+        "on_success": req.on_success,
+        "on_failure": req.on_failure,
+        "webhook_url": req.webhook_url,
+        "parent_id": req.parent_id,
+        "backoff_base": req.backoff_base,
+        "backoff_max": req.backoff_max,
+        "backoff_jitter": req.backoff_jitter,
+        "concurrency_key": req.concurrency_key,
     }
 
 
 def _enqueued_meta(given):
-    meta = {"queue": given["queue_name"], "priority": given["priority"], "run_at": given["run_at"].isoformat()}
+    meta = {
+        "queue": given["queue_name"],
+        "priority": given["priority"],
+        "run_at": given["run_at"].isoformat(),
+    }
     if given["parent_id"] is not None:
         meta["parent"] = given["parent_id"]
     if given["concurrency_key"] is not None:
@@ -161,7 +177,11 @@ def _insert_plain(db, reqs, now):
     out = []
     # COPY (PostgreSQL) has no statement size to keep small: fewer, larger chunks, fewer
     # waits for the server to finish one before the next is sent.
-    size = settings.BULK_BATCH_SIZE if connection.vendor != "postgresql" else max(settings.BULK_BATCH_SIZE, 10_000)
+    size = (
+        settings.BULK_BATCH_SIZE
+        if connection.vendor != "postgresql"
+        else max(settings.BULK_BATCH_SIZE, 10_000)
+    )
     for start in range(0, len(reqs), size):
         part = reqs[start : start + size]
         chunk = [_given(req, now) for req in part]
@@ -170,7 +190,11 @@ def _insert_plain(db, reqs, now):
             texts = [t if t is not None else json.dumps(r.payload) for t, r in zip(texts, part)]
         copy = connection.vendor == "postgresql" and len(chunk) > 1
         values, adapted = writer.rows(chunk, {"payload": texts}, cache, raw_json=copy)
-        params = list(chain.from_iterable(adapted)) if connection.vendor == "postgresql" and len(chunk) == 1 else []
+        params = (
+            list(chain.from_iterable(adapted))
+            if connection.vendor == "postgresql" and len(chunk) == 1
+            else []
+        )
         insert = (
             f"INSERT INTO {rows.JOB_TABLE} ({writer.columns})"
             f" VALUES {rows.placeholders(writer.width, len(chunk), connection)}"
@@ -178,7 +202,16 @@ def _insert_plain(db, reqs, now):
         )
         if connection.vendor == "postgresql" and len(chunk) == 1:
             event = rows.event_params(
-                connection, None, EventType.ENQUEUED, at_db, 0, "", "", State.PENDING, "", _enqueued_meta(chunk[0])
+                connection,
+                None,
+                EventType.ENQUEUED,
+                at_db,
+                0,
+                "",
+                "",
+                State.PENDING,
+                "",
+                _enqueued_meta(chunk[0]),
             )
             select, event_params = _event_select(connection, event, {0: "id"})
             notify, notify_params = "", []
@@ -194,12 +227,18 @@ def _insert_plain(db, reqs, now):
                 ids = [cursor.fetchone()[0]]
         elif copy:
             ids = rows.reserve_ids(connection, rows.JOB_TABLE, len(chunk))
-            rows.copy_insert(connection, rows.JOB_TABLE, "id, " + writer.columns,
-                             ([job_id, *row] for job_id, row in zip(ids, adapted)))
+            rows.copy_insert(
+                connection,
+                rows.JOB_TABLE,
+                "id, " + writer.columns,
+                ([job_id, *row] for job_id, row in zip(ids, adapted)),
+            )
         else:
             sql, params = rows.values_clause(connection, adapted)
             with connection.cursor() as cursor:
-                cursor.execute(f"INSERT INTO {rows.JOB_TABLE} ({writer.columns}) VALUES {sql} RETURNING id", params)
+                cursor.execute(
+                    f"INSERT INTO {rows.JOB_TABLE} ({writer.columns}) VALUES {sql} RETURNING id", params
+                )
                 ids = [row[0] for row in cursor.fetchall()]
         if len(ids) != len(chunk):
             raise RuntimeError("the database did not return ids for a bulk insert")
@@ -207,12 +246,26 @@ def _insert_plain(db, reqs, now):
             # A batch's jobs mostly share queue, priority and run_at: adapt each metadata once.
             events, shared = [], {}
             for job_id, given in zip(ids, chunk):
-                key = (given["queue_name"], given["priority"], given["run_at"], given["parent_id"],
-                       given["concurrency_key"])
+                key = (
+                    given["queue_name"],
+                    given["priority"],
+                    given["run_at"],
+                    given["parent_id"],
+                    given["concurrency_key"],
+                )
                 tail = shared.get(key)
                 if tail is None:
                     event = rows.event_params(
-                        connection, None, EventType.ENQUEUED, at_db, 0, "", "", State.PENDING, "", None,
+                        connection,
+                        None,
+                        EventType.ENQUEUED,
+                        at_db,
+                        0,
+                        "",
+                        "",
+                        State.PENDING,
+                        "",
+                        None,
                     )
                     event[8] = rows.json_once(connection, _enqueued_meta(given))  # metadata
                     tail = shared[key] = event[1:]  # all but job_id
@@ -304,7 +357,9 @@ def bulk_enqueue(reqs, *, using=None):
 # --- worker-owned edges ------------------------------------------------------------------
 
 
-def claim(worker_id, *, limit=1, queues=None, kinds=None, lease_seconds=None, aging=None, now=None, using=None):
+def claim(
+    worker_id, *, limit=1, queues=None, kinds=None, lease_seconds=None, aging=None, now=None, using=None
+):
     """Lease up to ``limit`` ready jobs to ``worker_id``; return them in lease order."""
     validation.batch_size(limit)
     db = _db(using)
@@ -326,27 +381,56 @@ def claim(worker_id, *, limit=1, queues=None, kinds=None, lease_seconds=None, ag
         if connection.vendor == "postgresql":
             # The claimed events go in with the claim itself (leasing.py): one round trip.
             params = rows.event_params(
-                connection, None, EventType.CLAIMED, at_db, None, worker_id, State.PENDING, State.LEASED, "", meta
+                connection,
+                None,
+                EventType.CLAIMED,
+                at_db,
+                None,
+                worker_id,
+                State.PENDING,
+                State.LEASED,
+                "",
+                meta,
             )
             select = ", ".join("attempts" if i == 3 else "id" if i == 0 else "%s" for i in range(len(params)))
-            log = (f"INSERT INTO {rows.EVENT_TABLE} ({rows.EVENT_COLUMNS}) SELECT {select}",
-                   [p for i, p in enumerate(params) if i not in (0, 3)])
+            log = (
+                f"INSERT INTO {rows.EVENT_TABLE} ({rows.EVENT_COLUMNS}) SELECT {select}",
+                [p for i, p in enumerate(params) if i not in (0, 3)],
+            )
         found = leasing.claim(
-            connection, owner=worker_id, limit=n, now=now, expires=expires,
-            queues=list(queues) if queues else None, aging_us=ordering.aging_microseconds(aging),
-            exclude_queues=pauses.queues, log=log, **filters,
+            connection,
+            owner=worker_id,
+            limit=n,
+            now=now,
+            expires=expires,
+            queues=list(queues) if queues else None,
+            aging_us=ordering.aging_microseconds(aging),
+            exclude_queues=pauses.queues,
+            log=log,
+            **filters,
         )
         if not found:
             return []
         leased = rows.JobReader.on(connection).jobs(found)
         if log is None:
-            rows.insert_events(connection, [
-                rows.event_params(
-                    connection, job.id, EventType.CLAIMED, at_db, job.attempts, worker_id,
-                    State.PENDING, State.LEASED, "", meta,
-                )
-                for job in leased
-            ])
+            rows.insert_events(
+                connection,
+                [
+                    rows.event_params(
+                        connection,
+                        job.id,
+                        EventType.CLAIMED,
+                        at_db,
+                        job.attempts,
+                        worker_id,
+                        State.PENDING,
+                        State.LEASED,
+                        "",
+                        meta,
+                    )
+                    for job in leased
+                ],
+            )
         return leased
 
     jobs = []
@@ -389,7 +473,15 @@ def complete_and_claim(done, worker_id, **claim_options):
 
 # What a terminal edge reads to enqueue follow-ups (not the payload, which may be large).
 _FOLLOW_UP_FIELDS = (
-    "id", "kind", "queue_name", "attempts", "created_at", "started_at", "on_success", "on_failure", "webhook_url",
+    "id",
+    "kind",
+    "queue_name",
+    "attempts",
+    "created_at",
+    "started_at",
+    "on_success",
+    "on_failure",
+    "webhook_url",
 )
 
 
@@ -411,7 +503,10 @@ def _owned(db, job_id, worker_id, attempt):
 def _lost(job_id, worker_id, attempt, action):
     log.warning(
         "lease lost id=%s worker=%s attempt=%s: %s refused (recovered, cancelled or re-claimed)",
-        job_id, worker_id, attempt, action,
+        job_id,
+        worker_id,
+        attempt,
+        action,
     )
 
 
@@ -446,9 +541,23 @@ def _complete_plain(db, done, worker_id, now):
     if connection.vendor == "postgresql":
         values = []
         for job_id, attempt, result, meta in done:
-            values += [job_id, attempt, rows.json_value(connection, result), rows.json_value(connection, meta)]
+            values += [
+                job_id,
+                attempt,
+                rows.json_value(connection, result),
+                rows.json_value(connection, meta),
+            ]
         params = rows.event_params(
-            connection, None, EventType.COMPLETED, at_db, None, worker_id, State.LEASED, State.COMPLETED, "", {}
+            connection,
+            None,
+            EventType.COMPLETED,
+            at_db,
+            None,
+            worker_id,
+            State.LEASED,
+            State.COMPLETED,
+            "",
+            {},
         )
         select, event_params = _event_select(
             connection, params, {0: "id", 3: "attempts", 8: "COALESCE(meta::jsonb, %s)"}
@@ -476,7 +585,9 @@ def _complete_plain(db, done, worker_id, now):
         if connection.vendor != "sqlite":
             # No UPDATE ... RETURNING on MariaDB: lock what we hold, then write by id.
             which, params = _which([(d[0], d[1]) for d in done])
-            cursor.execute(f"SELECT id FROM {rows.JOB_TABLE} WHERE {guard} AND {which} FOR UPDATE", [worker_id] + params)
+            cursor.execute(
+                f"SELECT id FROM {rows.JOB_TABLE} WHERE {guard} AND {which} FOR UPDATE", [worker_id] + params
+            )
             held = {row[0] for row in cursor.fetchall()}
         # One UPDATE per distinct result: no-op jobs (all None) settle in a single statement.
         for result, pairs in results.values():
@@ -494,14 +605,25 @@ def _complete_plain(db, done, worker_id, now):
                 if ids:
                     cursor.execute(f"{sql} WHERE id IN ({', '.join(['%s'] * len(ids))})", params + ids)
         if held:
-            rows.insert_events(connection, [
-                rows.event_params(
-                    connection, job_id, EventType.COMPLETED, at_db, attempt, worker_id,
-                    State.LEASED, State.COMPLETED, "", meta,
-                )
-                for job_id, attempt, _, meta in done
-                if job_id in held
-            ])
+            rows.insert_events(
+                connection,
+                [
+                    rows.event_params(
+                        connection,
+                        job_id,
+                        EventType.COMPLETED,
+                        at_db,
+                        attempt,
+                        worker_id,
+                        State.LEASED,
+                        State.COMPLETED,
+                        "",
+                        meta,
+                    )
+                    for job_id, attempt, _, meta in done
+                    if job_id in held
+                ],
+            )
     return held
 
 
@@ -527,8 +649,13 @@ def complete(job_id, *, worker_id, attempt, result=None, output=None, using=None
             return False
         job = Job.objects.using(db).only(*_FOLLOW_UP_FIELDS).get(id=job_id)
         _event(
-            job_id, EventType.COMPLETED, now,
-            from_state=State.LEASED, to_state=State.COMPLETED, attempt=attempt, worker=worker_id,
+            job_id,
+            EventType.COMPLETED,
+            now,
+            from_state=State.LEASED,
+            to_state=State.COMPLETED,
+            attempt=attempt,
+            worker=worker_id,
             metadata=_with_output(_follow_ups(db, job, State.COMPLETED, now, result=result), output),
         ).save(using=db)
     return True
@@ -554,8 +681,13 @@ def complete_many(done, *, worker_id, using=None):
     db = _db(using)
     now = timezone.now()
     fast = _complete_plain(
-        db, [(job_id, attempt, result, _with_output(None, outputs.get(job_id))) for job_id, attempt, result in done],
-        worker_id, now,
+        db,
+        [
+            (job_id, attempt, result, _with_output(None, outputs.get(job_id)))
+            for job_id, attempt, result in done
+        ],
+        worker_id,
+        now,
     )
     done = [d for d in done if d[0] not in fast]
     if not done:
@@ -582,7 +714,11 @@ def complete_many(done, *, worker_id, using=None):
         # One UPDATE per distinct result: no-op jobs (all None) settle in a single statement.
         for result, ids in by_result.values():
             Job.objects.using(db).filter(id__in=ids).update(
-                state=State.COMPLETED, finished_at=now, result=result, lease_owner=None, lease_expires_at=None,
+                state=State.COMPLETED,
+                finished_at=now,
+                result=result,
+                lease_owner=None,
+                lease_expires_at=None,
             )
         meta = {}
         if follow:
@@ -592,8 +728,13 @@ def complete_many(done, *, worker_id, using=None):
         Event.objects.using(db).bulk_create(
             [
                 _event(
-                    job_id, EventType.COMPLETED, now,
-                    from_state=State.LEASED, to_state=State.COMPLETED, attempt=attempt, worker=worker_id,
+                    job_id,
+                    EventType.COMPLETED,
+                    now,
+                    from_state=State.LEASED,
+                    to_state=State.COMPLETED,
+                    attempt=attempt,
+                    worker=worker_id,
                     metadata=_with_output(meta.get(job_id), outputs.get(job_id)),
                 )
                 for job_id, attempt, _ in done
@@ -611,20 +752,15 @@ def _with_output(metadata, output):
     return {**(metadata or {}), "output": output} if output else metadata
 
 
-def error_info(exc, tb_text=""):
-    """The JSON shape stored for a failed attempt."""
-    cls = type(exc)
-    return {
-        "type": f"{cls.__module__}.{cls.__qualname__}" if cls.__module__ != "builtins" else cls.__qualname__,
-        "message": str(exc),
-        "traceback": tb_text,
-    }
-
-
 def _dead_letter_row(job, now, error, reason):
     return DeadLetter(
-        job_id=job.id, kind=job.kind, payload=job.payload, attempts=job.attempts,
-        error=error, reason=reason, created_at=now,
+        job_id=job.id,
+        kind=job.kind,
+        payload=job.payload,
+        attempts=job.attempts,
+        error=error,
+        reason=reason,
+        created_at=now,
     )
 
 
@@ -647,36 +783,62 @@ def fail(job_id, *, worker_id, attempt, error, retry=True, retry_delay=None, out
             return None
         message = (error or {}).get("message", "") if isinstance(error, dict) else str(error)
         if retry and job.attempts < job.max_attempts:
-            seconds = retry_delay if retry_delay is not None else backoff.delay(
-                job.attempts,
-                base=_or(job.backoff_base, settings.BACKOFF_BASE),
-                cap=_or(job.backoff_max, settings.BACKOFF_MAX_SECONDS),
-                jitter=_or(job.backoff_jitter, settings.BACKOFF_JITTER),
+            seconds = (
+                retry_delay
+                if retry_delay is not None
+                else backoff.delay(
+                    job.attempts,
+                    base=_or(job.backoff_base, settings.BACKOFF_BASE),
+                    cap=_or(job.backoff_max, settings.BACKOFF_MAX_SECONDS),
+                    jitter=_or(job.backoff_jitter, settings.BACKOFF_JITTER),
+                )
             )
             run_at = now + timedelta(seconds=seconds)
             Job.objects.using(db).filter(id=job.id).update(
-                state=State.PENDING, run_at=run_at, last_error=error,
-                lease_owner=None, lease_expires_at=None,
+                state=State.PENDING,
+                run_at=run_at,
+                last_error=error,
+                lease_owner=None,
+                lease_expires_at=None,
             )
             _event(
-                job.id, EventType.FAILED, now,
-                from_state=State.LEASED, to_state=State.PENDING, attempt=attempt, worker=worker_id,
+                job.id,
+                EventType.FAILED,
+                now,
+                from_state=State.LEASED,
+                to_state=State.PENDING,
+                attempt=attempt,
+                worker=worker_id,
                 message=message,
-                metadata=_with_output({"error": error, "retry_at": run_at.isoformat(), "delay": seconds}, output),
+                metadata=_with_output(
+                    {"error": error, "retry_at": run_at.isoformat(), "delay": seconds}, output
+                ),
             ).save(using=db)
             return State.PENDING
         Job.objects.using(db).filter(id=job.id).update(
-            state=State.DEAD_LETTER, finished_at=now, last_error=error,
-            lease_owner=None, lease_expires_at=None,
+            state=State.DEAD_LETTER,
+            finished_at=now,
+            last_error=error,
+            lease_owner=None,
+            lease_expires_at=None,
         )
         reason = "failed" if retry else "not_retryable"
         _dead_letter_row(job, now, error, reason).save(using=db)
         _event(
-            job.id, EventType.DEAD_LETTERED, now,
-            from_state=State.LEASED, to_state=State.DEAD_LETTER, attempt=attempt, worker=worker_id,
+            job.id,
+            EventType.DEAD_LETTERED,
+            now,
+            from_state=State.LEASED,
+            to_state=State.DEAD_LETTER,
+            attempt=attempt,
+            worker=worker_id,
             message=message,
             metadata=_with_output(
-                {"error": error, "reason": reason, **_follow_ups(db, job, State.DEAD_LETTER, now, error=error)},
+                {
+                    "error": error,
+                    "reason": reason,
+                    **_follow_ups(db, job, State.DEAD_LETTER, now, error=error),
+                },
                 output,
             ),
         ).save(using=db)
@@ -688,18 +850,27 @@ def release(job_id, *, worker_id, attempt, using=None):
     db = _db(using)
     now = timezone.now()
     with transaction.atomic(using=db):
-        changed = _owned(db, job_id, worker_id, attempt).filter(cancel_requested_at__isnull=True).update(
-            state=State.PENDING, attempts=attempt - 1, lease_owner=None, lease_expires_at=None
+        changed = (
+            _owned(db, job_id, worker_id, attempt)
+            .filter(cancel_requested_at__isnull=True)
+            .update(state=State.PENDING, attempts=attempt - 1, lease_owner=None, lease_expires_at=None)
         )
         if not changed:
             if _owned(db, job_id, worker_id, attempt).exists():
                 # Its abort was asked for: giving it back would run it again.
-                return abort(job_id, worker_id=worker_id, attempt=attempt, how="released unfinished", using=db)
+                return abort(
+                    job_id, worker_id=worker_id, attempt=attempt, how="released unfinished", using=db
+                )
             _lost(job_id, worker_id, attempt, "release")
             return False
         _event(
-            job_id, EventType.RELEASED, now,
-            from_state=State.LEASED, to_state=State.PENDING, attempt=attempt, worker=worker_id,
+            job_id,
+            EventType.RELEASED,
+            now,
+            from_state=State.LEASED,
+            to_state=State.PENDING,
+            attempt=attempt,
+            worker=worker_id,
         ).save(using=db)
     return True
 
@@ -745,12 +916,12 @@ def recover(*, limit=500, now=None, owned_by=None, using=None):
             return out
         events, letters, back, dead, aborted = [], [], [], [], []
         for job in jobs:
-            error = {
-                "type": "LeaseExpired",
-                "message": f"lease held by {job.lease_owner} expired at {job.lease_expires_at.isoformat()}"
-                if owned_by is None else f"lease held by {job.lease_owner}, of a worker that had stopped",
-                "traceback": "",
-            }
+            error = events_.error(
+                "LeaseExpired",
+                f"lease held by {job.lease_owner} expired at {job.lease_expires_at.isoformat()}"
+                if owned_by is None
+                else f"lease held by {job.lease_owner}, of a worker that had stopped",
+            )
             to = State.PENDING if job.attempts < job.max_attempts else State.DEAD_LETTER
             if job.cancel_requested_at is not None:
                 # Its abort was asked for: the worker died before settling it; do not retry.
@@ -764,9 +935,15 @@ def recover(*, limit=500, now=None, owned_by=None, using=None):
                 meta.update(webhooks.notify(job, State.CANCELLED, now, using=db))
             events.append(
                 _event(
-                    job.id, EventType.RECOVERED, now,
-                    from_state=State.LEASED, to_state=to, attempt=job.attempts, worker=job.lease_owner,
-                    message=error["message"], metadata=meta,
+                    job.id,
+                    EventType.RECOVERED,
+                    now,
+                    from_state=State.LEASED,
+                    to_state=to,
+                    attempt=job.attempts,
+                    worker=job.lease_owner,
+                    message=error["message"],
+                    metadata=meta,
                 )
             )
             out.append((job.id, to))
@@ -775,16 +952,25 @@ def recover(*, limit=500, now=None, owned_by=None, using=None):
             lapsed["lease_expires_at__lt"] = now
         if aborted:
             Job.objects.using(db).filter(**{**lapsed, "id__in": aborted}).update(
-                state=State.CANCELLED, finished_at=now, lease_owner=None, lease_expires_at=None,
+                state=State.CANCELLED,
+                finished_at=now,
+                lease_owner=None,
+                lease_expires_at=None,
                 idempotency_key=None,
             )
         if back:
             Job.objects.using(db).filter(**{**lapsed, "id__in": back}).update(
-                state=State.PENDING, run_at=now, lease_owner=None, lease_expires_at=None,
+                state=State.PENDING,
+                run_at=now,
+                lease_owner=None,
+                lease_expires_at=None,
             )
         if dead:
             Job.objects.using(db).filter(**{**lapsed, "id__in": dead}).update(
-                state=State.DEAD_LETTER, finished_at=now, lease_owner=None, lease_expires_at=None,
+                state=State.DEAD_LETTER,
+                finished_at=now,
+                lease_owner=None,
+                lease_expires_at=None,
             )
             DeadLetter.objects.using(db).bulk_create(letters)
         Event.objects.using(db).bulk_create(events)
@@ -815,8 +1001,14 @@ def requeue(job_id, *, payload=_UNSET, max_attempts=None, actor="", using=None):
     now = timezone.now()
     with transaction.atomic(using=db):
         job = _locked(db, job_id, {State.DEAD_LETTER, State.CANCELLED}, "requeue")
-        changes = {"state": State.PENDING, "attempts": 0, "run_at": now, "finished_at": None, "result": None,
-                   "cancel_requested_at": None}
+        changes = {
+            "state": State.PENDING,
+            "attempts": 0,
+            "run_at": now,
+            "finished_at": None,
+            "result": None,
+            "cancel_requested_at": None,
+        }
         meta = {"previous_attempts": job.attempts}
         if payload is not _UNSET:
             changes["payload"] = payload
@@ -830,8 +1022,13 @@ def requeue(job_id, *, payload=_UNSET, max_attempts=None, actor="", using=None):
             resolved_at=now, resolution="requeued"
         )
         _event(
-            job.id, EventType.REQUEUED, now,
-            from_state=job.state, to_state=State.PENDING, worker=actor, metadata=meta,
+            job.id,
+            EventType.REQUEUED,
+            now,
+            from_state=job.state,
+            to_state=State.PENDING,
+            worker=actor,
+            metadata=meta,
         ).save(using=db)
     job.refresh_from_db(using=db)
     return job
@@ -847,12 +1044,20 @@ def cancel(job_id, *, actor="", reason="", using=None):
     with transaction.atomic(using=db):
         job = _locked(db, job_id, {State.PENDING, State.LEASED}, "cancel")
         Job.objects.using(db).filter(id=job.id).update(
-            state=State.CANCELLED, finished_at=now, lease_owner=None, lease_expires_at=None,
+            state=State.CANCELLED,
+            finished_at=now,
+            lease_owner=None,
+            lease_expires_at=None,
             idempotency_key=None,
         )
         _event(
-            job.id, EventType.CANCELLED, now,
-            from_state=job.state, to_state=State.CANCELLED, attempt=job.attempts, worker=actor,
+            job.id,
+            EventType.CANCELLED,
+            now,
+            from_state=job.state,
+            to_state=State.CANCELLED,
+            attempt=job.attempts,
+            worker=actor,
             message=reason,
             metadata={
                 "idempotency_key": job.idempotency_key,
@@ -877,9 +1082,15 @@ def request_abort(job_id, *, actor="", reason="", using=None):
         if job.cancel_requested_at is None:
             Job.objects.using(db).filter(id=job.id).update(cancel_requested_at=now)
             _event(
-                job.id, EventType.ABORT_REQUESTED, now,
-                from_state=State.LEASED, to_state=State.LEASED, attempt=job.attempts, worker=actor,
-                message=reason, metadata={"lease_owner": job.lease_owner},
+                job.id,
+                EventType.ABORT_REQUESTED,
+                now,
+                from_state=State.LEASED,
+                to_state=State.LEASED,
+                attempt=job.attempts,
+                worker=actor,
+                message=reason,
+                metadata={"lease_owner": job.lease_owner},
             ).save(using=db)
     job.refresh_from_db(using=db)
     return job
@@ -891,20 +1102,33 @@ def abort(job_id, *, worker_id, attempt, how, error=None, using=None):
     db = _db(using)
     now = timezone.now()
     with transaction.atomic(using=db):
-        job = _owned(db, job_id, worker_id, attempt).filter(cancel_requested_at__isnull=False).select_for_update().first()
+        job = (
+            _owned(db, job_id, worker_id, attempt)
+            .filter(cancel_requested_at__isnull=False)
+            .select_for_update()
+            .first()
+        )
         if job is None:
             _lost(job_id, worker_id, attempt, "abort")
             return False
         Job.objects.using(db).filter(id=job.id).update(
-            state=State.CANCELLED, finished_at=now, lease_owner=None, lease_expires_at=None,
+            state=State.CANCELLED,
+            finished_at=now,
+            lease_owner=None,
+            lease_expires_at=None,
             idempotency_key=None,
         )
         meta = {"how": how, "idempotency_key": job.idempotency_key}
         if error is not None:
             meta["error"] = validation.payload(error, "error")
         _event(
-            job.id, EventType.CANCELLED, now,
-            from_state=State.LEASED, to_state=State.CANCELLED, attempt=attempt, worker=worker_id,
+            job.id,
+            EventType.CANCELLED,
+            now,
+            from_state=State.LEASED,
+            to_state=State.CANCELLED,
+            attempt=attempt,
+            worker=worker_id,
             message=f"aborted: {how}",
             metadata={**meta, **webhooks.notify(job, State.CANCELLED, now, using=db)},
         ).save(using=db)
@@ -919,8 +1143,13 @@ def retry_now(job_id, *, actor="", using=None):
         job = _locked(db, job_id, {State.PENDING}, "retry now")
         Job.objects.using(db).filter(id=job.id).update(run_at=now)
         _event(
-            job.id, EventType.RESCHEDULED, now, from_state=job.state, to_state=job.state,
-            worker=actor, metadata={"previous_run_at": job.run_at.isoformat()},
+            job.id,
+            EventType.RESCHEDULED,
+            now,
+            from_state=job.state,
+            to_state=job.state,
+            worker=actor,
+            metadata={"previous_run_at": job.run_at.isoformat()},
         ).save(using=db)
     job.refresh_from_db(using=db)
     return job
@@ -934,8 +1163,13 @@ def change_priority(job_id, priority, *, actor="", using=None):
         job = _locked(db, job_id, {State.PENDING, State.DEAD_LETTER}, "change priority")
         Job.objects.using(db).filter(id=job.id).update(priority=priority)
         _event(
-            job.id, EventType.PRIORITY_CHANGED, now, from_state=job.state, to_state=job.state,
-            worker=actor, metadata={"from": job.priority, "to": priority},
+            job.id,
+            EventType.PRIORITY_CHANGED,
+            now,
+            from_state=job.state,
+            to_state=job.state,
+            worker=actor,
+            metadata={"from": job.priority, "to": priority},
         ).save(using=db)
     job.refresh_from_db(using=db)
     return job
@@ -949,8 +1183,13 @@ def change_payload(job_id, payload, *, actor="", using=None):
         job = _locked(db, job_id, {State.PENDING, State.DEAD_LETTER}, "edit payload")
         Job.objects.using(db).filter(id=job.id).update(payload=payload)
         _event(
-            job.id, EventType.PAYLOAD_CHANGED, now, from_state=job.state, to_state=job.state,
-            worker=actor, metadata={"previous_payload": job.payload},
+            job.id,
+            EventType.PAYLOAD_CHANGED,
+            now,
+            from_state=job.state,
+            to_state=job.state,
+            worker=actor,
+            metadata={"previous_payload": job.payload},
         ).save(using=db)
     job.refresh_from_db(using=db)
     return job

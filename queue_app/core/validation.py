@@ -2,6 +2,7 @@
 
 Every refusal is an InvalidJob that names the field and says what to fix.
 """
+
 import json
 import math
 import re
@@ -194,9 +195,7 @@ def payload_json(value, field="payload"):
         native = _native_depth(value, field)
     size = len(encoded)
     if size > settings.MAX_PAYLOAD_BYTES:
-        raise InvalidJob(
-            f"{field} is {size} bytes of JSON; the limit is {settings.MAX_PAYLOAD_BYTES}", field
-        )
+        raise InvalidJob(f"{field} is {size} bytes of JSON; the limit is {settings.MAX_PAYLOAD_BYTES}", field)
     # Store what JSON gives back (tuples become lists), so the job holds what a reader sees.
     return (value if native else json.loads(encoded)), encoded
 
@@ -209,9 +208,7 @@ def priority(value):
     if not _is_int(value):
         raise InvalidJob(f"priority must be an integer, got {value!r}", "priority")
     if not PRIORITY_MIN <= value <= PRIORITY_MAX:
-        raise InvalidJob(
-            f"priority {value} is out of range {PRIORITY_MIN}..{PRIORITY_MAX}", "priority"
-        )
+        raise InvalidJob(f"priority {value} is out of range {PRIORITY_MIN}..{PRIORITY_MAX}", "priority")
     return value
 
 
@@ -311,10 +308,15 @@ def template(value, field, now):
     kind = spec.pop("kind")
     body = spec.pop("payload", None)
     if body is not None and not isinstance(body, dict):
-        raise InvalidJob(f"{field}.payload must be a dict: the parent's outcome is added under 'parent'", field)
+        raise InvalidJob(
+            f"{field}.payload must be a dict: the parent's outcome is added under 'parent'", field
+        )
     unknown = sorted(set(spec) - set(TEMPLATE_FIELDS))
     if unknown:
-        raise InvalidJob(f"{field}: unknown field(s) {', '.join(unknown)}; allowed: kind, payload, {', '.join(TEMPLATE_FIELDS)}", field)
+        raise InvalidJob(
+            f"{field}: unknown field(s) {', '.join(unknown)}; allowed: kind, payload, {', '.join(TEMPLATE_FIELDS)}",
+            field,
+        )
     try:
         enqueue_request(kind, body, now=now, **spec)
     except InvalidJob as exc:
@@ -416,7 +418,9 @@ def enqueue_options(options, now, between=None):
     if unique_for is not None:
         unique_for = seconds(unique_for, "unique_for", maximum=MAX_SCHEDULE_AHEAD.total_seconds())
         if options.get("idempotency_key") is None:
-            raise InvalidJob("unique_for needs an idempotency_key: it is the key's dedupe window", "unique_for")
+            raise InvalidJob(
+                "unique_for needs an idempotency_key: it is the key's dedupe window", "unique_for"
+            )
     hook = options.get("webhook_url")
     if hook is not None:
         from queue_app.core import webhooks
@@ -425,7 +429,9 @@ def enqueue_options(options, now, between=None):
     if between is not None:
         between()
     return dict(
-        queue_name=name(options.get("queue_name") or settings.DEFAULT_QUEUE, "queue_name", QUEUE_NAME_MAX_LENGTH),
+        queue_name=name(
+            options.get("queue_name") or settings.DEFAULT_QUEUE, "queue_name", QUEUE_NAME_MAX_LENGTH
+        ),
         priority=priority(options.get("priority", 0) if options.get("priority") is not None else 0),
         run_at=when,
         max_attempts=max_attempts(settings.DEFAULT_MAX_ATTEMPTS if attempts is None else attempts),

@@ -29,6 +29,7 @@ still use the URL's host name. Redirects are not followed (a redirect could poin
 anywhere), environment proxies are not used, and each attempt has ``WEBHOOK_TIMEOUT``.
 Any 2xx is success; anything else, a refused connection or a timeout fails the attempt.
 """
+
 import hashlib
 import hmac
 import http.client
@@ -90,7 +91,9 @@ def check_url(url):
     if not host:
         raise InvalidJob("webhook_url has no host", field)
     if parts.username or parts.password:
-        raise InvalidJob("webhook_url may not carry credentials; set WEBHOOK_SECRET to sign deliveries", field)
+        raise InvalidJob(
+            "webhook_url may not carry credentials; set WEBHOOK_SECRET to sign deliveries", field
+        )
     if not host_allowed(host):
         raise InvalidJob(f"webhook host {host!r} is not in the WEBHOOK_ALLOWED_HOSTS setting", field)
     try:
@@ -121,14 +124,20 @@ def address_allowed(ip):
     # An IPv6 address that carries an IPv4 one reaches that IPv4 host: judge that one.
     target = _embedded_ipv4(ip) or ip
     try:
-        networks = [ipaddress.ip_network(entry, strict=False) for entry in settings.WEBHOOK_ALLOWED_NETWORKS or ()]
+        networks = [
+            ipaddress.ip_network(entry, strict=False) for entry in settings.WEBHOOK_ALLOWED_NETWORKS or ()
+        ]
     except (TypeError, ValueError) as exc:
         raise ImproperlyConfigured(f"JOBQUEUE['WEBHOOK_ALLOWED_NETWORKS']: {exc}") from None
     if any(a.version == net.version and a in net for a in (ip, target) for net in networks):
         return True
     return target.is_global and not (
-        target.is_loopback or target.is_private or target.is_link_local or target.is_multicast
-        or target.is_reserved or target.is_unspecified
+        target.is_loopback
+        or target.is_private
+        or target.is_link_local
+        or target.is_multicast
+        or target.is_reserved
+        or target.is_unspecified
     )
 
 
@@ -170,8 +179,10 @@ def notify(job, state, now, *, result=None, error=None, using="default"):
     """Enqueue the delivery of ``job``'s outcome if it has a webhook; return event metadata."""
     if not job.webhook_url or state not in TERMINAL:
         return {}
-    from queue_app.core import transitions# transitions calls us: import on use
-    from queue_app.core import validation
+    from queue_app.core import (
+        transitions,  # transitions calls us: import on use
+        validation,
+    )
 
     try:
         req = validation.enqueue_request(

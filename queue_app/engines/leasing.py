@@ -46,20 +46,32 @@ as many rows as are paused ahead of the first claimable one. A key exclusion is 
 ``(concurrency_key IS NULL OR NOT ...)``: ``NOT IN`` alone is NULL, not true, for a job
 without a key, and would leave every unkeyed job behind.
 """
+
 from datetime import timedelta
 
 from django.utils import timezone
 
-from queue_app.models import State
 from queue_app.engines.rows import JOB_ATTNAMES, JOB_COLUMNS, JOB_COLUMNS_BARE
+from queue_app.models import State
 
 TABLE = "queue_app_job"
 _US = timedelta(microseconds=1)
 
 
 def claim(
-    connection, *, owner, limit, now, expires, queues=None, kinds=None, aging_us=0,
-    exclude_queues=None, exclude_kinds=None, exclude_keys=None, log=None,
+    connection,
+    *,
+    owner,
+    limit,
+    now,
+    expires,
+    queues=None,
+    kinds=None,
+    aging_us=0,
+    exclude_queues=None,
+    exclude_kinds=None,
+    exclude_keys=None,
+    log=None,
 ):
     """Lease up to ``limit`` ready jobs to ``owner``; return their rows (rows.JOB_COLUMNS).
 
@@ -71,7 +83,9 @@ def claim(
     vendor = connection.vendor
     excl = (sorted(exclude_queues or ()), sorted(exclude_kinds or ()), sorted(exclude_keys or ()))
     if vendor == "postgresql":
-        return _claim_postgresql(connection, owner, limit, scan, now, expires, queues, kinds, aging_us, excl, log)
+        return _claim_postgresql(
+            connection, owner, limit, scan, now, expires, queues, kinds, aging_us, excl, log
+        )
     if vendor == "mysql":
         return _claim_mysql(connection, owner, limit, scan, now, expires, queues, kinds, aging_us, excl)
     if vendor == "sqlite":
@@ -127,8 +141,7 @@ def _claim_postgresql(connection, owner, limit, scan, now, expires, queues, kind
     lateral_params.append(scan)
     if aging_us:
         eff = (
-            "j.priority + ((extract(epoch FROM (%s::timestamptz - j.run_at)) * 1000000)::bigint"
-            " / %s::bigint)"
+            "j.priority + ((extract(epoch FROM (%s::timestamptz - j.run_at)) * 1000000)::bigint / %s::bigint)"
         )
         eff_params = [now, aging_us]
     else:
@@ -183,8 +196,15 @@ def _claim_postgresql(connection, owner, limit, scan, now, expires, queues, kind
 _ID, _STATE, _OWNER, _EXPIRES, _ATTEMPTS, _STARTED, _PRIORITY, _RUN_AT, _CREATED = (
     JOB_ATTNAMES.index(a)
     for a in (
-        "id", "state", "lease_owner", "lease_expires_at", "attempts", "started_at",
-        "priority", "run_at", "created_at",
+        "id",
+        "state",
+        "lease_owner",
+        "lease_expires_at",
+        "attempts",
+        "started_at",
+        "priority",
+        "run_at",
+        "created_at",
     )
 )
 
@@ -317,7 +337,7 @@ def _claim_sqlite(connection, owner, limit, scan, now, expires, queues, kinds, a
             JOIN {TABLE} k ON k.id IN (
                 SELECT k2.id FROM {TABLE} k2
                 WHERE k2.state = 'pending' AND k2.priority = levels.p AND k2.run_at <= %s
-                      {queue_cond.replace('k.', 'k2.')} {kind_cond.replace('k.', 'k2.')}
+                      {queue_cond.replace("k.", "k2.")} {kind_cond.replace("k.", "k2.")}
                 ORDER BY k2.run_at, k2.created_at, k2.id
                 LIMIT %s
             )

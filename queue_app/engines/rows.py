@@ -11,6 +11,7 @@ second SELECT.
 Columns come from the models' ``_meta``, so a column another migration adds is still
 read back and still inserted (with its field default).
 """
+
 import json
 from itertools import chain
 
@@ -28,7 +29,9 @@ JOB_COLUMNS_BARE = ", ".join(f.column for f in JOB_FIELDS)
 
 # The event columns a transition fills; any other column gets its field default.
 EVENT_GIVEN = ("job_id", "type", "at", "attempt", "worker", "from_state", "to_state", "message", "metadata")
-_EVENT_OTHER = tuple(f for f in Event._meta.concrete_fields if f.attname not in EVENT_GIVEN and not f.primary_key)
+_EVENT_OTHER = tuple(
+    f for f in Event._meta.concrete_fields if f.attname not in EVENT_GIVEN and not f.primary_key
+)
 EVENT_COLUMNS = ", ".join(
     [Event._meta.get_field(a).column for a in EVENT_GIVEN] + [f.column for f in _EVENT_OTHER]
 )
@@ -64,8 +67,7 @@ def values_clause(connection, rows):
     shared = [all(row[i] is first[i] for row in rows) for i in range(width)]
     db = connection.connection
     marks = [
-        db.literal(first[i]).decode(db.encoding).replace("%", "%%")
-        if shared[i] else "%s"
+        db.literal(first[i]).decode(db.encoding).replace("%", "%%") if shared[i] else "%s"
         for i in range(width)
     ]
     varying = [i for i in range(width) if not shared[i]]
@@ -82,8 +84,17 @@ def json_value(connection, value):
 def event_params(connection, job_id, type_, at_db, attempt, worker, from_state, to_state, message, metadata):
     """One event row's parameters, in EVENT_COLUMNS order; ``at_db`` already adapted."""
     # Plain str, not the TextChoices members: psycopg dumps an Enum inside a list by name.
-    row = [job_id, str(type_), at_db, attempt, worker or "", str(from_state), str(to_state), message or "",
-           _METADATA.get_db_prep_save(metadata or {}, connection)]
+    row = [
+        job_id,
+        str(type_),
+        at_db,
+        attempt,
+        worker or "",
+        str(from_state),
+        str(to_state),
+        message or "",
+        _METADATA.get_db_prep_save(metadata or {}, connection),
+    ]
     if _EVENT_OTHER:
         row.extend(_default(f, connection) for f in _EVENT_OTHER)
     return row
@@ -103,7 +114,9 @@ def unnest_insert(connection, table, columns, fields, rows, returning=""):
 def reserve_ids(connection, table, count):
     """PostgreSQL: ``count`` new ids from ``table``'s id sequence, ascending."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT nextval(pg_get_serial_sequence(%s, 'id')) FROM generate_series(1, %s)", [table, count])
+        cursor.execute(
+            "SELECT nextval(pg_get_serial_sequence(%s, 'id')) FROM generate_series(1, %s)", [table, count]
+        )
         return sorted(row[0] for row in cursor.fetchall())
 
 
@@ -215,8 +228,18 @@ class JobWriter:
             else:
                 self.preps.append(lambda v, f=f: f.get_db_prep_save(v, connection))
         # Plain Python values need no adapting for these (the drivers take them as is).
-        plain = {"CharField", "TextField", "IntegerField", "SmallIntegerField", "BigIntegerField",
-                 "PositiveIntegerField", "PositiveBigIntegerField", "FloatField", "BooleanField", "ForeignKey"}
+        plain = {
+            "CharField",
+            "TextField",
+            "IntegerField",
+            "SmallIntegerField",
+            "BigIntegerField",
+            "PositiveIntegerField",
+            "PositiveBigIntegerField",
+            "FloatField",
+            "BooleanField",
+            "ForeignKey",
+        }
         self.plain = [f.get_internal_type() in plain for f in fields]
 
     @classmethod
@@ -265,7 +288,11 @@ class JobWriter:
         base_params = self.params(base_values, cache)
         fresh = [(index[a], f) for a, f in self.fresh.items() if a not in givens[0]]
         plain = [(a, index[a]) for a in keys if self.plain[index[a]] and a not in json_texts]
-        other = [(a, index[a], self.preps[index[a]]) for a in keys if not self.plain[index[a]] and a not in json_texts]
+        other = [
+            (a, index[a], self.preps[index[a]])
+            for a in keys
+            if not self.plain[index[a]] and a not in json_texts
+        ]
         texts = [(index[a], t) for a, t in json_texts.items()]
         all_values, all_params = [], []
         for n, given in enumerate(givens):
@@ -294,7 +321,9 @@ class JobWriter:
 
     def jobs(self, ids, rows):
         if _init_listened():
-            return [Job.from_db(self.connection.alias, ("id", *self.attnames), [i, *v]) for i, v in zip(ids, rows)]
+            return [
+                Job.from_db(self.connection.alias, ("id", *self.attnames), [i, *v]) for i, v in zip(ids, rows)
+            ]
         return [self.job(i, v) for i, v in zip(ids, rows)]
 
     def job(self, job_id, values):

@@ -21,6 +21,7 @@ Progress is not a transition: no Event, just the last value on the row, written 
 most once per PROGRESS_INTERVAL (a held-back value by a timer when the interval is up,
 and at once when the handler ends), and only while this worker holds the lease.
 """
+
 import contextvars
 import logging
 import math
@@ -33,8 +34,8 @@ from numbers import Real
 from django.db import connection, router
 from django.tasks import TaskContext
 
-from queue_app.core import validation
 from queue_app.conf import settings
+from queue_app.core import validation
 from queue_app.exceptions import InvalidJob
 from queue_app.models import Job, State
 
@@ -161,15 +162,18 @@ class JobContext:
 
     def _write(self):
         # Only while this worker holds this attempt: a stale worker cannot overwrite the row.
-        changed = Job.objects.using(self._db).filter(
-            id=self.job_id, state=State.LEASED, lease_owner=self.worker_id, attempts=self.attempt
-        ).update(progress=self._progress, progress_message=self._message, metadata=self._metadata or None)
+        changed = (
+            Job.objects.using(self._db)
+            .filter(id=self.job_id, state=State.LEASED, lease_owner=self.worker_id, attempts=self.attempt)
+            .update(progress=self._progress, progress_message=self._message, metadata=self._metadata or None)
+        )
         self._dirty = False
         self._written_at = time.monotonic()
         if not changed and not self._lost:
             self._lost = True
-            log.warning("progress not written id=%s worker=%s: the lease is gone",
-                        self.job_id, self.worker_id)
+            log.warning(
+                "progress not written id=%s worker=%s: the lease is gone", self.job_id, self.worker_id
+            )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -29,6 +29,7 @@ the attempts wait that long before their fault or the handler. ``attempts`` limi
 it to those attempt numbers: ``crash=1.0, attempts={1}`` crashes every job's first attempt
 and lets the retry run clean.
 """
+
 import asyncio
 import functools
 import inspect
@@ -43,8 +44,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.tasks import Task
 from django.utils.module_loading import import_string
 
-from queue_app.handlers import context as running
 from queue_app.conf import settings
+from queue_app.handlers import context as running
 
 log = logging.getLogger("queue_app")
 
@@ -87,7 +88,9 @@ class FaultPlan:
             raise ValueError("error + crash + stall must not exceed 1: an attempt meets at most one fault")
         low, high = self.delay if isinstance(self.delay, (tuple, list)) else (self.delay, self.delay)
         if not 0 <= low <= high:
-            raise ValueError(f"delay must be seconds >= 0 or a (low, high) range with low <= high, got {self.delay!r}")
+            raise ValueError(
+                f"delay must be seconds >= 0 or a (low, high) range with low <= high, got {self.delay!r}"
+            )
         object.__setattr__(self, "delay", (float(low), float(high)))
         if self.attempts is not None:
             attempts = frozenset([self.attempts] if isinstance(self.attempts, int) else self.attempts)
@@ -174,6 +177,7 @@ def _wrap(func, plan):
     # functools.wraps sets __wrapped__, so inspect.signature() (registry.wants_job, Django's
     # validate_task) sees the wrapped function's parameters and callers pass what it takes.
     if inspect.iscoroutinefunction(func):
+
         @functools.wraps(func)
         async def wrapper(*args, **kwargs):
             job_id, attempt, decision = before(kwargs)
@@ -182,6 +186,7 @@ def _wrap(func, plan):
             strike(decision, job_id, attempt)  # a stall blocks the event loop: that is the point
             return await func(*args, **kwargs)
     else:
+
         @functools.wraps(func)
         def wrapper(*args, **kwargs):
             job_id, attempt, decision = before(kwargs)

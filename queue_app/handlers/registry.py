@@ -5,18 +5,20 @@ A kind nobody registered may be the module path of a django.tasks Task
 chooses the kind, and importing a module runs its top-level code, so only modules inside
 ``TASK_MODULES`` (by default the installed apps' and the project's packages) are imported.
 """
+
 import functools
 import importlib
 import inspect
 import sys
+from contextlib import contextmanager
 
 from django.apps import apps
 from django.tasks import Task
 from django.utils.module_loading import import_string
 
-from queue_app.handlers import faults
 from queue_app.conf import project_packages, settings
 from queue_app.exceptions import UnknownKind
+from queue_app.handlers import faults
 
 _handlers = {}
 
@@ -38,6 +40,20 @@ def handler(kind):
 
 def unregister(kind):
     _handlers.pop(kind, None)
+
+
+@contextmanager
+def override(handlers=None, /, **more):
+    """Register ``handlers`` ({kind: func}) for the block, then put back what was there
+    before (also what the block itself registered or unregistered): for tests."""
+    before = dict(_handlers)
+    try:
+        for kind, func in {**(handlers or {}), **more}.items():
+            register(kind, func)
+        yield
+    finally:
+        _handlers.clear()
+        _handlers.update(before)
 
 
 def get(kind):

@@ -5,6 +5,7 @@ Each job goes through its edge in ``transitions`` (so each writes its own event)
 deleting a job removes its history with it and so writes none. Parameters are
 validated before the first job is touched: a bad priority or payload writes nothing.
 """
+
 import json
 import logging
 import time
@@ -13,10 +14,8 @@ from dataclasses import dataclass, field
 from django.db import router, transaction
 from django.utils import timezone
 
-from queue_app.core import aborting
-from queue_app.core import transitions
-from queue_app.core import validation
 from queue_app.conf import settings
+from queue_app.core import aborting, transitions, validation
 from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound
 from queue_app.models import Job, State, Worker
 
@@ -41,8 +40,15 @@ ACTIONS = {
         Action("requeue", "Requeue", frozenset({State.DEAD_LETTER, State.CANCELLED})),
         Action("retry_now", "Retry now", frozenset({State.PENDING})),
         Action("cancel", "Cancel", frozenset({State.PENDING, State.LEASED})),
-        Action("change_priority", "Change priority", frozenset({State.PENDING, State.DEAD_LETTER}), param="priority"),
-        Action("edit_payload", "Edit payload", frozenset({State.PENDING, State.DEAD_LETTER}), param="payload"),
+        Action(
+            "change_priority",
+            "Change priority",
+            frozenset({State.PENDING, State.DEAD_LETTER}),
+            param="priority",
+        ),
+        Action(
+            "edit_payload", "Edit payload", frozenset({State.PENDING, State.DEAD_LETTER}), param="payload"
+        ),
         Action("delete", "Delete", frozenset(State.values), permission="delete"),
     ]
 }

@@ -6,6 +6,7 @@ written). argparse already exits 2 for an unknown flag; ``bad_input`` does the s
 for values only the command can judge, and ``QueueParser`` keeps it 2 when a command
 runs through ``call_command``.
 """
+
 import argparse
 import json
 import os
@@ -95,7 +96,9 @@ def positive_duration(text):
     """A duration longer than 0, for the knobs where 0 would spin or mean nothing."""
     value = duration(text)
     if value <= 0:
-        raise argparse.ArgumentTypeError(f"invalid duration {text!r}: must be longer than 0, e.g. 500ms or 30s")
+        raise argparse.ArgumentTypeError(
+            f"invalid duration {text!r}: must be longer than 0, e.g. 500ms or 30s"
+        )
     return value
 
 
@@ -111,7 +114,9 @@ def _at_least_one(text, not_a_number, too_small):
 
 def positive_int(text):
     return _at_least_one(
-        text, f"invalid number {text!r}: expected a whole number", f"invalid number {text!r}: must be at least 1"
+        text,
+        f"invalid number {text!r}: expected a whole number",
+        f"invalid number {text!r}: must be at least 1",
     )
 
 
@@ -158,8 +163,15 @@ class PlainTable(Table):
 
 def table(*headers, title=None):
     """An aligned table with a plain header rule (no box drawing)."""
-    t = PlainTable(*headers, title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
-              title_justify="left", title_style="bold")
+    t = PlainTable(
+        *headers,
+        title=title,
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        title_justify="left",
+        title_style="bold",
+    )
     return t
 
 
@@ -173,8 +185,10 @@ def states_table(states):
 
 def pending_summary(p):
     """One line on the pending jobs (inspection's "pending" dict)."""
-    return (f"pending: {p['ready']} ready, {p['scheduled']} scheduled, {p['retrying']} retrying; "
-            f"oldest ready job waited {p['oldest_ready_seconds']:.1f}s")
+    return (
+        f"pending: {p['ready']} ready, {p['scheduled']} scheduled, {p['retrying']} retrying; "
+        f"oldest ready job waited {p['oldest_ready_seconds']:.1f}s"
+    )
 
 
 def when(value):

@@ -7,6 +7,7 @@ on each request where an index can answer instead: state counts group over the
 state-prefixed index), lists page by keyset on id and fetch one row more than they
 show instead of counting.
 """
+
 import json
 from dataclasses import dataclass
 from datetime import timedelta
@@ -17,8 +18,8 @@ from django.db.models.functions import TruncMinute
 from django.utils import timezone
 from django.utils.functional import cached_property
 
-from queue_app.core import ordering
 from queue_app.conf import settings
+from queue_app.core import ordering
 from queue_app.models import DeadLetter, Event, EventType, Job, State, Worker, WorkerState
 
 # Shown in this order everywhere.
@@ -55,7 +56,9 @@ def effective_priority(job, now=None):
     """The priority the claim sees now (aging included); None unless the job is pending."""
     if job.state != State.PENDING:
         return None
-    return ordering.effective_priority(job.priority, job.run_at, now or timezone.now(), settings.AGING_INTERVAL)
+    return ordering.effective_priority(
+        job.priority, job.run_at, now or timezone.now(), settings.AGING_INTERVAL
+    )
 
 
 def status(job, now=None):
@@ -143,12 +146,16 @@ def pending_breakdown(now=None):
     """Ready, scheduled, retrying and late among pending jobs, and the oldest ready one."""
     now = now or timezone.now()
     late = now - timedelta(seconds=settings.OPS_LATE_SECONDS)
-    row = Job.objects.pending().order_by().aggregate(
-        ready=Count("id", filter=Q(run_at__lte=now, attempts=0)),
-        scheduled=Count("id", filter=Q(run_at__gt=now, attempts=0)),
-        retrying=Count("id", filter=Q(attempts__gt=0)),
-        late=Count("id", filter=Q(run_at__lte=late)),
-        oldest=Min("run_at", filter=Q(run_at__lte=now)),
+    row = (
+        Job.objects.pending()
+        .order_by()
+        .aggregate(
+            ready=Count("id", filter=Q(run_at__lte=now, attempts=0)),
+            scheduled=Count("id", filter=Q(run_at__gt=now, attempts=0)),
+            retrying=Count("id", filter=Q(attempts__gt=0)),
+            late=Count("id", filter=Q(run_at__lte=late)),
+            oldest=Min("run_at", filter=Q(run_at__lte=now)),
+        )
     )
     row["oldest_age"] = age(row["oldest"], now) if row["oldest"] else ""
     row["oldest_seconds"] = (now - row["oldest"]).total_seconds() if row["oldest"] else 0
@@ -286,7 +293,10 @@ def dead_letters(*, resolved=False, before=None, size=None):
 def workers(now=None):
     now = now or timezone.now()
     rows = list(Worker.objects.order_by("state", "-last_heartbeat")[:500])
-    return [{"worker": w, "status": worker_status(w, now), "heartbeat_age": age(w.last_heartbeat, now)} for w in rows]
+    return [
+        {"worker": w, "status": worker_status(w, now), "heartbeat_age": age(w.last_heartbeat, now)}
+        for w in rows
+    ]
 
 
 def queues():

@@ -3,6 +3,7 @@
 Every seeded job has an idempotency key (``seed:<kind>:<n>``), so seeding again adds
 nothing while the earlier jobs are still there (a cancelled job gives its key back).
 """
+
 from queue_app.core import enqueueing
 
 # kind -> payload of the n-th seeded job (n from 1); safe to run anywhere: the email
@@ -10,8 +11,12 @@ from queue_app.core import enqueueing
 PAYLOADS = {
     "email": lambda n: {"to": f"user{n}@example.com", "subject": f"Welcome #{n}"},
     "report": lambda n: {"values": list(range(1, n + 3)), "seconds": 0.1 * n},
-    "webhook": lambda n: {"url": f"https://example.com/hooks/{n}", "body": {"event": "seeded", "n": n},
-                          "secret": "demo", "dry_run": True},
+    "webhook": lambda n: {
+        "url": f"https://example.com/hooks/{n}",
+        "body": {"event": "seeded", "n": n},
+        "secret": "demo",
+        "dry_run": True,
+    },
     "flaky": lambda n: {"succeed_on": 2, "n": n},
     "slow": lambda n: {"seconds": n},
 }

@@ -4,6 +4,7 @@ Checks: the database answers, every migration is applied, and at least
 HEALTH_MIN_WORKERS workers have a fresh heartbeat (set it to 0 for web-only nodes).
 It reports counts only, so it needs no credentials.
 """
+
 from datetime import timedelta
 
 from django.db import DatabaseError, connections, router
@@ -31,7 +32,9 @@ def check(using=None):
         loader = MigrationExecutor(connections[db]).loader
         # Every known migration not recorded as applied, holes included (a plan to the
         # leaf nodes would miss an unapplied migration below an applied one).
-        pending = sorted(f"{app}.{name}" for app, name in set(loader.graph.nodes) - set(loader.applied_migrations))
+        pending = sorted(
+            f"{app}.{name}" for app, name in set(loader.graph.nodes) - set(loader.applied_migrations)
+        )
         checks["migrations"] = {"ok": not pending, "unapplied": pending[:20]}
     except DatabaseError as exc:
         checks["migrations"] = {"ok": False, "error": str(exc).strip()[:200]}
@@ -49,4 +52,6 @@ def check(using=None):
 @require_GET
 def health_view(request):
     healthy, checks = check()
-    return JsonResponse({"status": "ok" if healthy else "unhealthy", "checks": checks}, status=200 if healthy else 503)
+    return JsonResponse(
+        {"status": "ok" if healthy else "unhealthy", "checks": checks}, status=200 if healthy else 503
+    )

@@ -4,18 +4,18 @@ Both walk the matching jobs by id in batches, one transaction per batch, so a mi
 rows neither hold long locks nor need to fit in memory; ``progress(n)`` is called after
 each batch with the number just handled.
 """
+
 from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.db import transaction
 from django.utils import timezone
 
-from queue_app.ops import metrics
-from queue_app.core import transitions
-from queue_app.core import validation
 from queue_app.conf import settings
+from queue_app.core import transitions, validation
 from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound
 from queue_app.models import DeadLetter, Event, Job, State
+from queue_app.ops import metrics
 
 # States prune may delete; live jobs (pending, leased) are never pruned.
 PRUNABLE = (State.COMPLETED, State.CANCELLED, State.DEAD_LETTER)
@@ -31,9 +31,7 @@ def prunable(older_than, states=PRUNE_DEFAULT, now=None):
     states = tuple(states or PRUNE_DEFAULT)
     bad = [s for s in states if s not in PRUNABLE]
     if bad:
-        raise InvalidJob(
-            f"cannot prune {', '.join(bad)} jobs; choose from {', '.join(PRUNABLE)}", "state"
-        )
+        raise InvalidJob(f"cannot prune {', '.join(bad)} jobs; choose from {', '.join(PRUNABLE)}", "state")
     older_than = validation.seconds(older_than, "older_than", maximum=3650 * 86400, allow_zero=True)
     cutoff = (now or timezone.now()) - timedelta(seconds=older_than)
     return Job.objects.filter(state__in=states, finished_at__lt=cutoff)
@@ -95,7 +93,9 @@ def requeue_matching(qs, *, max_attempts=None, actor="cli", batch_size=None, pro
     if max_attempts is not None:
         validation.max_attempts(max_attempts)
     batch_size = batch_size or settings.OPS_BATCH_SIZE
-    ids_qs = qs.filter(state__in=(State.DEAD_LETTER, State.CANCELLED)).order_by("id").values_list("id", flat=True)
+    ids_qs = (
+        qs.filter(state__in=(State.DEAD_LETTER, State.CANCELLED)).order_by("id").values_list("id", flat=True)
+    )
     out, last = Requeued(), 0
     while True:
         ids = list(ids_qs.filter(id__gt=last)[:batch_size])

@@ -21,6 +21,7 @@ Label cardinality is bounded: ``state`` and ``type`` come from fixed enums; ``ki
 and ``queue`` keep at most METRICS_MAX_KINDS / METRICS_MAX_QUEUES values (registered
 kinds and the default queue first, then the busiest) and report the rest as "_other".
 """
+
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -32,8 +33,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from queue_app.handlers import registry
 from queue_app.conf import settings
+from queue_app.handlers import registry
 from queue_app.models import (
     DeadLetter,
     Event,
@@ -145,9 +146,11 @@ def _fold(db, now):
         counts[row[1]] = counts.get(row[1], 0) + 1
     horizon = now.timestamp() - settings.METRICS_GAP_SECONDS
     gaps = dict(sorted((k, v) for k, v in gaps.items() if v >= horizon)[-_MAX_GAPS:])
-    changed = MetricsCheckpoint.objects.using(db).filter(
-        id=1, last_event_id=cp.last_event_id, folded_at=cp.folded_at
-    ).update(last_event_id=last, gaps={str(k): v for k, v in gaps.items()}, folded_at=now)
+    changed = (
+        MetricsCheckpoint.objects.using(db)
+        .filter(id=1, last_event_id=cp.last_event_id, folded_at=cp.folded_at)
+        .update(last_event_id=last, gaps={str(k): v for k, v in gaps.items()}, folded_at=now)
+    )
     if not changed:
         raise _Raced
     for type_, n in counts.items():
@@ -212,7 +215,7 @@ def snapshot(*, using=None, now=None):
     groups = list(
         Job.objects.using(db).order_by().values_list("state", "kind", "queue_name").annotate(n=Count("id"))
     )
-    kind_totals, queue_totals = {k: 0 for k in registry.kinds()}, {settings.DEFAULT_QUEUE: 0}
+    kind_totals, queue_totals = dict.fromkeys(registry.kinds(), 0), {settings.DEFAULT_QUEUE: 0}
     for _, kind, queue, n in groups:
         kind_totals[kind] = kind_totals.get(kind, 0) + n
         queue_totals[queue] = queue_totals.get(queue, 0) + n
@@ -287,11 +290,17 @@ def families(snap):
         f.add_metric([state], snap.jobs.get(state, 0))
     yield f
     f = GaugeMetricFamily("jobqueue_jobs_by_kind", "Jobs per kind and state.", labels=["kind", "state"])
-    for (kind, state), n in sorted(snap.jobs_by_kind.items(), key=lambda kv: (kv[0][0], states.index(kv[0][1]) if kv[0][1] in states else 99)):
+    for (kind, state), n in sorted(
+        snap.jobs_by_kind.items(),
+        key=lambda kv: (kv[0][0], states.index(kv[0][1]) if kv[0][1] in states else 99),
+    ):
         f.add_metric([kind, state], n)
     yield f
     f = GaugeMetricFamily("jobqueue_jobs_by_queue", "Jobs per queue and state.", labels=["queue", "state"])
-    for (queue, state), n in sorted(snap.jobs_by_queue.items(), key=lambda kv: (kv[0][0], states.index(kv[0][1]) if kv[0][1] in states else 99)):
+    for (queue, state), n in sorted(
+        snap.jobs_by_queue.items(),
+        key=lambda kv: (kv[0][0], states.index(kv[0][1]) if kv[0][1] in states else 99),
+    ):
         f.add_metric([queue, state], n)
     yield f
     f = CounterMetricFamily("jobqueue_events", "Events appended to the job log, by type.", labels=["type"])
@@ -313,7 +322,9 @@ def families(snap):
             cumulative.append((le, acc))
         f.add_metric([kind], cumulative, sum_value=total)
     yield f
-    f = GaugeMetricFamily("jobqueue_workers", "Registered workers by state (lost: stale heartbeat).", labels=["state"])
+    f = GaugeMetricFamily(
+        "jobqueue_workers", "Registered workers by state (lost: stale heartbeat).", labels=["state"]
+    )
     for state in WORKER_STATES:
         f.add_metric([state], snap.workers.get(state, 0))
     yield f

@@ -2,15 +2,16 @@
 dead letters and throughput. Every function returns plain dicts and lists, the shape
 ``--json`` prints; the commands render the same data as tables.
 """
+
 from dataclasses import dataclass
 from datetime import timedelta
 
 from django.db.models import Count, Min, Q
 from django.utils import timezone
 
-from queue_app.worker import registry as workers
 from queue_app.exceptions import InvalidJob, JobNotFound
 from queue_app.models import DeadLetter, Event, EventType, Job, State
+from queue_app.worker import registry as workers
 
 # Filters accept a stored state or a status derived from a pending job's fields.
 DERIVED = ("ready", "scheduled", "retrying")
@@ -143,9 +144,13 @@ def throughput(now=None):
     now = now or timezone.now()
     out = {}
     for label, seconds in (("last_minute", 60), ("last_hour", 3600)):
-        row = Event.objects.filter(at__gt=now - timedelta(seconds=seconds)).order_by().aggregate(
-            completed=Count("id", filter=Q(type=EventType.COMPLETED)),
-            failed=Count("id", filter=Q(type__in=FAILURE_EVENTS)),
+        row = (
+            Event.objects.filter(at__gt=now - timedelta(seconds=seconds))
+            .order_by()
+            .aggregate(
+                completed=Count("id", filter=Q(type=EventType.COMPLETED)),
+                failed=Count("id", filter=Q(type__in=FAILURE_EVENTS)),
+            )
         )
         out[label] = {**row, "per_minute": round(row["completed"] * 60 / seconds, 2)}
     return out
@@ -179,12 +184,25 @@ def history(job_id):
     attempts, current = [], None
     for e in events:
         if e.type == EventType.CLAIMED:
-            current = {"attempt": e.attempt, "worker": e.worker, "started_at": e.at, "finished_at": None,
-                       "outcome": "running", "seconds": None, "result": None, "error": None, "output": None}
+            current = {
+                "attempt": e.attempt,
+                "worker": e.worker,
+                "started_at": e.at,
+                "finished_at": None,
+                "outcome": "running",
+                "seconds": None,
+                "result": None,
+                "error": None,
+                "output": None,
+            }
             attempts.append(current)
         elif current is not None and e.type in (
-            EventType.COMPLETED, EventType.FAILED, EventType.DEAD_LETTERED,
-            EventType.RECOVERED, EventType.RELEASED, EventType.CANCELLED,
+            EventType.COMPLETED,
+            EventType.FAILED,
+            EventType.DEAD_LETTERED,
+            EventType.RECOVERED,
+            EventType.RELEASED,
+            EventType.CANCELLED,
         ):
             current["finished_at"] = e.at
             current["seconds"] = round((e.at - current["started_at"]).total_seconds(), 3)
@@ -201,8 +219,15 @@ def history(job_id):
         "events": [event_dict(e) for e in events],
         "attempts": attempts,
         "dead_letters": [
-            {"id": d.id, "created_at": d.created_at, "attempts": d.attempts, "reason": d.reason,
-             "error": d.error, "resolved_at": d.resolved_at, "resolution": d.resolution}
+            {
+                "id": d.id,
+                "created_at": d.created_at,
+                "attempts": d.attempts,
+                "reason": d.reason,
+                "error": d.error,
+                "resolved_at": d.resolved_at,
+                "resolution": d.resolution,
+            }
             for d in job.dead_letters.order_by("id")
         ],
     }
@@ -219,8 +244,17 @@ def dead_letters(*, kind=None, since=None, include_resolved=False, limit=50, now
     if since is not None:
         qs = qs.filter(created_at__gte=now - timedelta(seconds=since))
     return [
-        {"id": d.id, "job_id": d.job_id, "kind": d.kind, "payload": d.payload, "attempts": d.attempts,
-         "reason": d.reason, "error": d.error, "created_at": d.created_at,
-         "resolved_at": d.resolved_at, "resolution": d.resolution}
+        {
+            "id": d.id,
+            "job_id": d.job_id,
+            "kind": d.kind,
+            "payload": d.payload,
+            "attempts": d.attempts,
+            "reason": d.reason,
+            "error": d.error,
+            "created_at": d.created_at,
+            "resolved_at": d.resolved_at,
+            "resolution": d.resolution,
+        }
         for d in qs[:limit]
     ]

@@ -2,6 +2,7 @@
 
 Each handler takes the job's JSON payload; ``flaky`` also looks at the job's attempt.
 """
+
 import hashlib
 import hmac
 import json
@@ -71,8 +72,13 @@ shell = shell_kind.run
 
 
 SAMPLES = {
-    "email": email, "report": report, "webhook": webhook, "flaky": flaky, "slow": slow,
-    "crashy": crashy, "shell": shell,
+    "email": email,
+    "report": report,
+    "webhook": webhook,
+    "flaky": flaky,
+    "slow": slow,
+    "crashy": crashy,
+    "shell": shell,
 }
 
 

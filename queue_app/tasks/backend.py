@@ -30,6 +30,7 @@ priority and queue, with its own options; a ``parent`` parameter, if it has one,
 receives the parent's outcome) or a job template dict ``{"kind": ..., "payload": {...},
 ...options}`` as enqueue() takes it.
 """
+
 from dataclasses import InitVar, dataclass, fields, replace
 
 from asgiref.sync import sync_to_async
@@ -44,21 +45,25 @@ from django.tasks.signals import task_enqueued
 from django.utils import timezone
 from django.utils.json import normalize_json
 
-from queue_app.core import enqueueing
-from queue_app.handlers import registry
-from queue_app.tasks import results as task_results
-from queue_app.core import validation
-from queue_app.core import webhooks
 from queue_app.conf import settings
+from queue_app.core import enqueueing, validation, webhooks
 from queue_app.exceptions import InvalidJob, UnknownKind
+from queue_app.handlers import registry
 from queue_app.models import KIND_MAX_LENGTH, QUEUE_NAME_MAX_LENGTH, Job
+from queue_app.tasks import results as task_results
 
 OPTION_NAMES = ("database", "max_attempts", "timeout", "backoff")
 BACKOFF_FIELDS = ("backoff_base", "backoff_max", "backoff_jitter")
 FOLLOW_UP_FIELDS = ("on_success", "on_failure")
 EXTRA_FIELDS = (
-    "max_attempts", "timeout", "idempotency_key", "unique_for", "concurrency_key",
-    *FOLLOW_UP_FIELDS, "webhook_url", *BACKOFF_FIELDS,
+    "max_attempts",
+    "timeout",
+    "idempotency_key",
+    "unique_for",
+    "concurrency_key",
+    *FOLLOW_UP_FIELDS,
+    "webhook_url",
+    *BACKOFF_FIELDS,
 )
 # A follow-up Task's own options that go into its template (not idempotency_key: one
 # key would make every follow-up after the first return the first; not unique_for).
@@ -78,7 +83,9 @@ def backoff_fields(backoff):
             raise InvalidTask(f"backoff: unknown key(s) {', '.join(unknown)}; allowed: base, max, jitter")
         return {BACKOFF_KEYS[key]: value for key, value in backoff.items()}
     if isinstance(backoff, bool) or not isinstance(backoff, (int, float)):
-        raise InvalidTask(f"backoff must be a number (the base) or a dict of base, max, jitter; got {backoff!r}")
+        raise InvalidTask(
+            f"backoff must be a number (the base) or a dict of base, max, jitter; got {backoff!r}"
+        )
     return {"backoff_base": backoff}
 
 
@@ -103,8 +110,11 @@ def follow_up(value, field):
             option = getattr(value, name, None)
             if option is not None:
                 # A template is JSON until the parent finishes: durations as seconds.
-                template[name] = validation.seconds(option, name, maximum=float("inf")) if name in (
-                    "timeout", "backoff_max") else option
+                template[name] = (
+                    validation.seconds(option, name, maximum=float("inf"))
+                    if name in ("timeout", "backoff_max")
+                    else option
+                )
     except InvalidJob as exc:
         raise InvalidTask(f"{field}: {exc}") from None
     for name in FOLLOW_UP_FIELDS:
@@ -174,9 +184,14 @@ class QueueTask(Task):
             self, priority=priority, queue_name=queue_name, run_after=run_after, backend=backend
         )
         extras = {
-            "max_attempts": max_attempts, "timeout": timeout, "idempotency_key": idempotency_key,
-            "unique_for": unique_for, "concurrency_key": concurrency_key, "on_success": on_success,
-            "on_failure": on_failure, "webhook_url": webhook_url,
+            "max_attempts": max_attempts,
+            "timeout": timeout,
+            "idempotency_key": idempotency_key,
+            "unique_for": unique_for,
+            "concurrency_key": concurrency_key,
+            "on_success": on_success,
+            "on_failure": on_failure,
+            "webhook_url": webhook_url,
             **backoff_fields(backoff),
             **{
                 name: value
@@ -271,8 +286,11 @@ class DatabaseBackend(BaseTaskBackend):
             for field in FOLLOW_UP_FIELDS:
                 validation.template(follow_up(getattr(task, field, None), field), field, now)
             if getattr(task, "webhook_url", None) is not None:
-                webhooks.check_url(validation.text(task.webhook_url, "webhook_url")
-                                   if isinstance(task.webhook_url, str) else task.webhook_url)
+                webhooks.check_url(
+                    validation.text(task.webhook_url, "webhook_url")
+                    if isinstance(task.webhook_url, str)
+                    else task.webhook_url
+                )
             validation.backoff_base(getattr(task, "backoff_base", None))
             validation.backoff_max(getattr(task, "backoff_max", None))
             validation.backoff_jitter(getattr(task, "backoff_jitter", None))
@@ -321,9 +339,7 @@ class DatabaseBackend(BaseTaskBackend):
         result = task_results.pending(job, task, self.alias)
         # Workers see the job only when the caller's transaction commits, so receivers
         # hear about it then (at once outside a transaction; never after a rollback).
-        transaction.on_commit(
-            lambda: task_enqueued.send(type(self), task_result=result), using=self.database
-        )
+        transaction.on_commit(lambda: task_enqueued.send(type(self), task_result=result), using=self.database)
         return result
 
     async def aenqueue(self, task, args, kwargs):

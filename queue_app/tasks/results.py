@@ -5,8 +5,8 @@ attempt (a ``released`` one gives it back), each ``failed``, ``dead_lettered`` o
 ``recovered`` event is one failed attempt and becomes one TaskError. The history
 spans operator requeues, so ``attempt`` keeps counting after one.
 """
+
 import builtins
-import inspect
 import logging
 from dataclasses import replace
 
@@ -14,13 +14,7 @@ from django.db import router
 from django.tasks import TaskResult, TaskResultStatus
 from django.tasks.base import TaskError
 from django.tasks.exceptions import InvalidTask
-from django.tasks.signals import task_finished, task_started
-from django.utils.json import normalize_json
 
-from queue_app.handlers import registry
-from queue_app.handlers import context as running
-from queue_app.core import validation
-from queue_app.exceptions import InvalidJob, UnknownKind
 from queue_app.models import Event, EventType, Job, State
 
 log = logging.getLogger("queue_app")
@@ -52,7 +46,7 @@ def _class_path(type_name):
 
 
 def task_error(error):
-    """A TaskError from the JSON a failed attempt stored (transitions.error_info)."""
+    """A TaskError from the JSON a failed attempt stored (core.events.error_info)."""
     error = error if isinstance(error, dict) else {"type": "Exception", "message": str(error)}
     type_name = str(error.get("type") or "Exception")
     tb = error.get("traceback") or f"{type_name}: {error.get('message', '')}\n"
@@ -81,9 +75,7 @@ def _db(job):
 
 
 def _history(job):
-    return list(
-        Event.objects.using(_db(job)).filter(job_id=job.id, type__in=HISTORY_EVENTS).order_by("id")
-    )
+    return list(Event.objects.using(_db(job)).filter(job_id=job.id, type__in=HISTORY_EVENTS).order_by("id"))
 
 
 def _task_for_job(task, job, alias):

@@ -2,6 +2,7 @@
 the TaskContext it is given. The worker (execution.py, supervisor.py) calls these; the
 backend never does.
 """
+
 import inspect
 import logging
 
@@ -27,7 +28,7 @@ def _backend_for(task, db):
     for alias in candidates:
         try:
             backend = task_backends[alias]
-        except Exception:  # noqa: BLE001  a misconfigured alias must not stop the job
+        except Exception:
             continue
         if isinstance(backend, DatabaseBackend) and backend.database == db:
             return alias, type(backend)
@@ -105,6 +106,8 @@ def _send_finished(job_id, task, alias, sender, *, state=None, using):
         # by another thread, and its RUNNING must not stand in for this attempt's READY.
         job.state = state
     # The outcome is already recorded; a receiver's error must not look like the task's.
-    for receiver, response in task_finished.send_robust(sender=sender, task_result=from_job(job, task, alias)):
+    for receiver, response in task_finished.send_robust(
+        sender=sender, task_result=from_job(job, task, alias)
+    ):
         if isinstance(response, Exception):
             log.error("task_finished receiver %r failed for job %s", receiver, job_id, exc_info=response)

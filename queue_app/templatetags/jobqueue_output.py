@@ -1,4 +1,5 @@
 """Template filters for a job attempt's captured output (capture.py)."""
+
 from django import template
 
 from queue_app.worker import capture

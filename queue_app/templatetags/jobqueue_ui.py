@@ -1,4 +1,5 @@
 """Filters the dashboard templates use to show numbers, ages and JSON."""
+
 from django import template
 
 from queue_app.ops import dashboard

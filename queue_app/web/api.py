@@ -6,6 +6,7 @@ result. Auth: an API key in the X-API-Key header (API_KEY_HEADER) or a staff ses
 writes need a permission (a read-write key, or queue_app.add_job / change_job for
 users); reads are open without credentials only when API_READS_OPEN is True.
 """
+
 from datetime import datetime
 from functools import wraps
 from typing import Any, Literal
@@ -17,16 +18,12 @@ from ninja.openapi.docs import Swagger
 from ninja.security import APIKeyHeader, SessionAuthIsStaff
 from pydantic import ConfigDict, StrictBool
 
-from queue_app.core import aborting
-from queue_app.core import enqueueing
-from queue_app.core import flow
-from queue_app.ops import metrics
-from queue_app.core import transitions
-from queue_app.core import validation
-from queue_app.web.auth import Principal, authenticate
 from queue_app.conf import settings
+from queue_app.core import aborting, enqueueing, flow, transitions, validation
 from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound
 from queue_app.models import DeadLetter, Job, Pause, State, Worker
+from queue_app.ops import metrics
+from queue_app.web.auth import Principal, authenticate
 
 MAX_ID = 2**63 - 1
 JobId = Path(..., ge=1, le=MAX_ID, description="The job's id.")
@@ -107,7 +104,9 @@ def _limit_body(run):
             length = 0
         if length > limit:
             return api.create_response(
-                request, {"error": f"the body is {length} bytes; the limit is {limit}", "field": None}, status=413
+                request,
+                {"error": f"the body is {length} bytes; the limit is {limit}", "field": None},
+                status=413,
             )
         return run(request, *args, **kwargs)
 
@@ -206,15 +205,24 @@ class JobIn(Schema):
     max_attempts: int | None = None
     idempotency_key: str | None = None
     concurrency_key: str | None = Field(
-        default=None, description="With the kind's per_key limit, at most per_key jobs with this key run at once."
+        default=None,
+        description="With the kind's per_key limit, at most per_key jobs with this key run at once.",
     )
     timeout: float | None = Field(default=None, description="Seconds one attempt may run.")
     unique_for: float | None = Field(default=None, description="Seconds the idempotency key dedupes for.")
-    strict: bool = Field(default=False, description="409 instead of 200 when the idempotency key matches a job.")
-    on_success: dict | None = Field(default=None, description="Follow-up job template: kind, payload, options.")
+    strict: bool = Field(
+        default=False, description="409 instead of 200 when the idempotency key matches a job."
+    )
+    on_success: dict | None = Field(
+        default=None, description="Follow-up job template: kind, payload, options."
+    )
     on_failure: dict | None = Field(default=None, description="Follow-up job template when it dead-letters.")
-    webhook_url: str | None = Field(default=None, description="POSTed the outcome; host must be allow-listed.")
-    backoff_base: float | None = Field(default=None, description="Retry after backoff_base ** attempt seconds, 1..100.")
+    webhook_url: str | None = Field(
+        default=None, description="POSTed the outcome; host must be allow-listed."
+    )
+    backoff_base: float | None = Field(
+        default=None, description="Retry after backoff_base ** attempt seconds, 1..100."
+    )
     backoff_max: float | None = Field(default=None, description="Seconds; the cap on one retry delay.")
     backoff_jitter: StrictBool | None = Field(default=None, description="Spread each retry over 0..delay.")
 
@@ -256,7 +264,9 @@ class JobOut(Schema):
     backoff_base: float | None
     backoff_max: float | None
     backoff_jitter: bool | None
-    cancel_requested_at: datetime | None = Field(None, description="Set while a running job is being aborted.")
+    cancel_requested_at: datetime | None = Field(
+        None, description="Set while a running job is being aborted."
+    )
     progress: float | None = Field(None, description="0-100, as the running handler last reported.")
     progress_message: str | None = None
     metadata: Any = Field(None, description="JSON the handler attached.")
@@ -414,7 +424,11 @@ def get_job(request: HttpRequest, job_id: int = JobId):
     return job
 
 
-@api.delete("/jobs/{job_id}", response={200: JobOut, 202: JobOut, **WRITE_REFUSALS, 404: Refused, 409: Refused}, tags=["jobs"])
+@api.delete(
+    "/jobs/{job_id}",
+    response={200: JobOut, 202: JobOut, **WRITE_REFUSALS, 404: Refused, 409: Refused},
+    tags=["jobs"],
+)
 def cancel_job(request: HttpRequest, job_id: int = JobId):
     """Cancel a pending job (200), or ask the worker running a leased one to abort it
     (202: it ends cancelled when its handler stops or is killed); 409 when it has finished."""
@@ -423,7 +437,11 @@ def cancel_job(request: HttpRequest, job_id: int = JobId):
     return Status(202 if job.state == State.LEASED else 200, job)
 
 
-@api.post("/jobs/{job_id}/requeue", response={200: JobOut, **WRITE_REFUSALS, 404: Refused, 409: Refused}, tags=["jobs"])
+@api.post(
+    "/jobs/{job_id}/requeue",
+    response={200: JobOut, **WRITE_REFUSALS, 404: Refused, 409: Refused},
+    tags=["jobs"],
+)
 def requeue_job(request: HttpRequest, job_id: int = JobId, body: RequeueIn | None = Body(None)):
     """Send a dead-lettered or cancelled job back to pending with a fresh budget."""
     actor = _need(request, "queue_app.change_job")
@@ -537,5 +555,7 @@ def delete_pause(request: HttpRequest, queue: str | None = Query(None), kind: st
     """Resume a paused queue (?queue=) or kind (?kind=); 404 when it was not paused."""
     _need(request, "queue_app.change_job")
     if not flow.resume(queue=queue, kind=kind):
-        return Status(404, {"error": f"{'queue' if queue else 'kind'} {queue or kind!r} is not paused", "field": None})
+        return Status(
+            404, {"error": f"{'queue' if queue else 'kind'} {queue or kind!r} is not paused", "field": None}
+        )
     return {"resumed": queue or kind}

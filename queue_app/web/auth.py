@@ -3,6 +3,7 @@
 A key is random (256 bits), so a plain SHA-256 is enough to make a stolen table
 useless; a slow password hash would only slow every request down.
 """
+
 import hashlib
 import secrets
 from dataclasses import dataclass

@@ -5,6 +5,7 @@ Protection: with METRICS_TOKEN set a scrape must send ``Authorization: Bearer <t
 (or basic auth whose password is the token, for scrapers that only do basic auth).
 Without a token only loopback clients are served, unless METRICS_PUBLIC is True.
 """
+
 import base64
 import hmac
 import ipaddress
@@ -15,9 +16,9 @@ from django.http import HttpResponse
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from queue_app.conf import settings
 from queue_app.core import addresses
 from queue_app.ops import metrics
-from queue_app.conf import settings
 
 
 def allowed(authorization, remote_addr):
@@ -76,7 +77,7 @@ def wsgi_app(environ, start_response):
 
 
 class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format, *args):  # noqa: A002  (the stdlib's name)
+    def log_message(self, format, *args):
         pass
 
 
@@ -85,7 +86,5 @@ def server(addr):
     host, port = addresses.parse(addr)
     cls = WSGIServer
     if ":" in host:
-
-
         cls = type("WSGIServerV6", (WSGIServer,), {"address_family": socket.AF_INET6})
     return make_server(host, port, wsgi_app, server_class=cls, handler_class=_QuietHandler)

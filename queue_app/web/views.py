@@ -5,6 +5,7 @@ jobs, acting needs change (or delete) permission.
 A page asked with ``?partial=1`` returns only its live region, which the page's
 script fetches every few seconds and swaps in; without script the page is whole.
 """
+
 from functools import wraps
 
 from django.contrib import messages
@@ -15,11 +16,11 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from queue_app.ops import dashboard
-from queue_app.core import flow
-from queue_app.ops import actions as operations
 from queue_app.conf import settings
+from queue_app.core import flow
 from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound
+from queue_app.ops import actions as operations
+from queue_app.ops import dashboard
 
 
 def _perm(codename):
@@ -54,7 +55,9 @@ def _cursor(request):
 
 @_perm("queue_app.view_job")
 def overview(request):
-    return _page(request, "overview.html", {"nav": "overview", "paused": flow.paused_counts(), **dashboard.overview()})
+    return _page(
+        request, "overview.html", {"nav": "overview", "paused": flow.paused_counts(), **dashboard.overview()}
+    )
 
 
 @_perm("queue_app.view_job")
@@ -78,7 +81,12 @@ def job(request, job_id):
     found = dashboard.job(job_id)
     if found is None:
         raise Http404(f"job {job_id} does not exist")
-    context = {"nav": "jobs", **found, "status": dashboard.status(found["job"]), "actions": operations.ACTIONS}
+    context = {
+        "nav": "jobs",
+        **found,
+        "status": dashboard.status(found["job"]),
+        "actions": operations.ACTIONS,
+    }
     context["effective_priority"] = dashboard.effective_priority(found["job"])
     return _page(request, "job.html", context, live=False)
 
@@ -122,7 +130,9 @@ def workers(request):
 @_perm("queue_app.change_worker")
 def worker_stop(request, worker_id):
     n = operations.request_stop([worker_id])
-    messages.success(request, "Stop requested." if n else "That worker is not running or was already told to stop.")
+    messages.success(
+        request, "Stop requested." if n else "That worker is not running or was already told to stop."
+    )
     return redirect(reverse("queue_app_dashboard:workers"))
 
 

@@ -13,6 +13,7 @@ What is not caught: output of threads the handler starts itself, and bytes writt
 file descriptor 1 or 2 directly (C extensions, child processes that inherit them; the
 shell kind captures its command's output itself).
 """
+
 import logging
 import sys
 import threading

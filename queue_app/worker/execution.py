@@ -3,6 +3,7 @@
 The worker (issue: runworker) builds on ``execute``; ``run_one`` is the smallest
 complete loop: claim one job, run it, complete or fail it.
 """
+
 import asyncio
 import inspect
 import logging
@@ -11,12 +12,12 @@ import socket
 import traceback
 import uuid
 
-from queue_app.worker import capture
-from queue_app.handlers import registry
-from queue_app.handlers import context as running
-from queue_app.tasks import running as task_running
-from queue_app.core import transitions
+from queue_app.core import events, transitions
 from queue_app.exceptions import UnknownKind
+from queue_app.handlers import context as running
+from queue_app.handlers import registry
+from queue_app.tasks import running as task_running
+from queue_app.worker import capture
 
 log = logging.getLogger("queue_app")
 
@@ -75,25 +76,56 @@ def execute(job, worker_id, *, abort_probe=None, using=None):
         return _settled(job, aborted(job, worker_id, exc, using=using), using)
     except UnknownKind as exc:
         # Retrying cannot help until someone deploys a handler: dead-letter at once.
-        return _settled(job, transitions.fail(
-            job.id, worker_id=worker_id, attempt=job.attempts,
-            error=transitions.error_info(exc), retry=False, output=output.value(), using=using,
-        ), using)
+        return _settled(
+            job,
+            transitions.fail(
+                job.id,
+                worker_id=worker_id,
+                attempt=job.attempts,
+                error=events.error_info(exc),
+                retry=False,
+                output=output.value(),
+                using=using,
+            ),
+            using,
+        )
     except Exception as exc:
         log.info("failed id=%s kind=%s attempt=%s: %r", job.id, job.kind, job.attempts, exc)
-        return _settled(job, transitions.fail(
-            job.id, worker_id=worker_id, attempt=job.attempts,
-            error=transitions.error_info(exc, traceback.format_exc()), output=output.value(), using=using,
-        ), using)
+        return _settled(
+            job,
+            transitions.fail(
+                job.id,
+                worker_id=worker_id,
+                attempt=job.attempts,
+                error=events.error_info(exc, traceback.format_exc()),
+                output=output.value(),
+                using=using,
+            ),
+            using,
+        )
     try:
         done = transitions.complete(
-            job.id, worker_id=worker_id, attempt=job.attempts, result=result, output=output.value(), using=using
+            job.id,
+            worker_id=worker_id,
+            attempt=job.attempts,
+            result=result,
+            output=output.value(),
+            using=using,
         )
     except ValueError as exc:  # the handler returned something JSON cannot hold
-        return _settled(job, transitions.fail(
-            job.id, worker_id=worker_id, attempt=job.attempts,
-            error=transitions.error_info(exc), retry=False, output=output.value(), using=using,
-        ), using)
+        return _settled(
+            job,
+            transitions.fail(
+                job.id,
+                worker_id=worker_id,
+                attempt=job.attempts,
+                error=events.error_info(exc),
+                retry=False,
+                output=output.value(),
+                using=using,
+            ),
+            using,
+        )
     return _settled(job, "completed" if done else None, using)
 
 
@@ -118,10 +150,14 @@ def settles_alone(job):
 def aborted(job, worker_id, exc, *, using=None):
     """Settle a job whose handler ended after its abort was requested: it is cancelled."""
     log.info("aborted id=%s kind=%s attempt=%s: the handler %s", job.id, job.kind, job.attempts, exc.how)
-    error = transitions.error_info(exc.error) if exc.error is not None else None
+    error = events.error_info(exc.error) if exc.error is not None else None
     done = transitions.abort(
-        job.id, worker_id=worker_id, attempt=job.attempts, how=f"the handler {exc.how} after the abort request",
-        error=error, using=using,
+        job.id,
+        worker_id=worker_id,
+        attempt=job.attempts,
+        how=f"the handler {exc.how} after the abort request",
+        error=error,
+        using=using,
     )
     return "cancelled" if done else None
 

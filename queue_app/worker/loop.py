@@ -10,6 +10,7 @@ awaiting a batched acknowledgement. The supervisor reads it to kill a child whos
 overran, and to settle what a child that died had in hand. Everything else goes
 through the database. How an idle child waits (poll, or LISTEN) is wakeup.py.
 """
+
 import ctypes
 import functools
 import logging
@@ -23,13 +24,11 @@ from dataclasses import dataclass
 
 from django.db import close_old_connections, connection, connections
 
-from queue_app.worker import capture
-from queue_app.worker import execution
-from queue_app.handlers import context as running
-from queue_app.core import transitions
-from queue_app.core import validation
 from queue_app.conf import settings
+from queue_app.core import events, transitions, validation
 from queue_app.exceptions import UnknownKind
+from queue_app.handlers import context as running
+from queue_app.worker import capture, execution
 from queue_app.worker.wakeup import Waiter
 
 log = logging.getLogger("queue_app")
@@ -186,9 +185,13 @@ class Loop:
                     # The traceback once per outage; a line per retry after that.
                     self.claim_errors += 1
                     if self.claim_errors == 1:
-                        log.exception("claim failed worker=%s; retrying every %ss", self.owner, self.options.poll)
+                        log.exception(
+                            "claim failed worker=%s; retrying every %ss", self.owner, self.options.poll
+                        )
                     else:
-                        log.warning("claim failed again worker=%s (%s times): %s", self.owner, self.claim_errors, exc)
+                        log.warning(
+                            "claim failed again worker=%s (%s times): %s", self.owner, self.claim_errors, exc
+                        )
                     close_old_connections()
                     connection.close()
                     jobs = []
@@ -243,8 +246,12 @@ class Loop:
     def _abort_unstarted(self, job):
         """Cancel a claimed job whose abort the supervisor flagged before it started."""
         try:
-            transitions.abort(job.id, worker_id=self.owner, attempt=job.attempts,
-                              how="was not started (its abort was requested while it waited its turn)")
+            transitions.abort(
+                job.id,
+                worker_id=self.owner,
+                attempt=job.attempts,
+                how="was not started (its abort was requested while it waited its turn)",
+            )
         except Exception:
             log.exception("could not cancel id=%s worker=%s; its lease will lapse", job.id, self.owner)
             connection.close()
@@ -290,8 +297,14 @@ class Loop:
     def _fail(self, job, exc, retry=True, output=None):
         log.info("failed id=%s kind=%s attempt=%s: %r", job.id, job.kind, job.attempts, exc)
         tb = traceback.format_exc() if retry else ""
-        transitions.fail(job.id, worker_id=self.owner, attempt=job.attempts,
-                         error=transitions.error_info(exc, tb), retry=retry, output=output)
+        transitions.fail(
+            job.id,
+            worker_id=self.owner,
+            attempt=job.attempts,
+            error=events.error_info(exc, tb),
+            retry=retry,
+            output=output,
+        )
 
     def _flusher(self):
         """Acknowledge finished jobs that have waited ACK_DELAY, e.g. behind a long job."""

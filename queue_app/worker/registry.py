@@ -4,6 +4,7 @@ and `workers` / `stopworkers` read and write it from any host.
 A stop request is a timestamp on the row, not a signal: it works across hosts, and a
 worker sees it on its next heartbeat.
 """
+
 import socket
 from datetime import timedelta
 
@@ -11,8 +12,8 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from queue_app.core import transitions
 from queue_app.conf import settings
+from queue_app.core import transitions
 from queue_app.models import Job, Worker, WorkerState
 
 
@@ -155,8 +156,8 @@ def owners_filter(prefix):
 def leased_by(prefix):
     """Ids and attempts of the jobs leased under ``prefix`` (owners_filter()), by owner."""
     out = {}
-    for job_id, owner, attempt in Job.objects.leased().filter(owners_filter(prefix)).values_list(
-        "id", "lease_owner", "attempts"
+    for job_id, owner, attempt in (
+        Job.objects.leased().filter(owners_filter(prefix)).values_list("id", "lease_owner", "attempts")
     ):
         out.setdefault(owner, []).append((job_id, attempt))
     return out

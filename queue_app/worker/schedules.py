@@ -21,8 +21,9 @@ writes them, keeping their ``last_tick``). Expressions are croniter's: five fiel
 six with seconds last (``* * * * * */10`` is every ten seconds), evaluated in the
 schedule's timezone so ``0 9 * * *`` in Europe/Paris follows daylight saving time.
 """
+
 import logging
-from datetime import datetime, timedelta, timezone as dt_timezone
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
@@ -30,9 +31,8 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from queue_app.core import transitions
-from queue_app.core import validation
 from queue_app.conf import settings
+from queue_app.core import transitions, validation
 from queue_app.exceptions import InvalidJob
 from queue_app.models import KIND_MAX_LENGTH, QUEUE_NAME_MAX_LENGTH, MissedTicks, Schedule
 
@@ -48,10 +48,14 @@ def zone(name):
     try:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError, TypeError):
-        raise InvalidJob(f"timezone {name!r} is not a known IANA time zone (e.g. UTC, Europe/Paris)", "timezone") from None
+        raise InvalidJob(
+            f"timezone {name!r} is not a known IANA time zone (e.g. UTC, Europe/Paris)", "timezone"
+        ) from None
 
 
-def validate(name, cron, kind, payload=None, queue_name=None, priority=0, timezone="UTC", enabled=True, missed_ticks=""):
+def validate(
+    name, cron, kind, payload=None, queue_name=None, priority=0, timezone="UTC", enabled=True, missed_ticks=""
+):
     """Check a schedule's fields; return them cleaned as a dict, or raise InvalidJob."""
     validation.name(name, "name", 100)
     if not isinstance(cron, str) or not croniter.is_valid(cron):
@@ -65,7 +69,9 @@ def validate(name, cron, kind, payload=None, queue_name=None, priority=0, timezo
         "cron": cron,
         "kind": validation.name(kind, "kind", KIND_MAX_LENGTH),
         "payload": validation.payload({} if payload is None else payload),
-        "queue_name": validation.name(queue_name or settings.DEFAULT_QUEUE, "queue_name", QUEUE_NAME_MAX_LENGTH),
+        "queue_name": validation.name(
+            queue_name or settings.DEFAULT_QUEUE, "queue_name", QUEUE_NAME_MAX_LENGTH
+        ),
         "priority": validation.priority(priority),
         "timezone": timezone,
         "enabled": enabled,
@@ -102,7 +108,7 @@ def next_run(schedule, now=None):
     """The schedule's next tick after its last one (or after now, if that is later)."""
     now = now or timezone.now()
     base = max(schedule.last_tick or schedule.created_at, now)
-    return _cron(schedule, base).get_next(datetime).astimezone(dt_timezone.utc)
+    return _cron(schedule, base).get_next(datetime).astimezone(UTC)
 
 
 def due_ticks(schedule, now):
@@ -124,11 +130,11 @@ def due_ticks(schedule, now):
         if t > now:
             break
         ticks.append(t)
-    return [t.astimezone(dt_timezone.utc) for t in ticks]
+    return [t.astimezone(UTC) for t in ticks]
 
 
 def tick_key(schedule, t):
-    return f"schedule:{schedule.name}:{t.astimezone(dt_timezone.utc).isoformat()}"
+    return f"schedule:{schedule.name}:{t.astimezone(UTC).isoformat()}"
 
 
 def tick(now=None, using="default"):

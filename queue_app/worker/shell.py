@@ -17,11 +17,12 @@ capture, capture.py) and in the result: ``{"exit_code": 0, "stdout": ..., "stder
 each the last ``OUTPUT_MAX_BYTES``. A non-zero exit fails the attempt with CommandFailed,
 whose message carries the exit code and the end of stderr.
 """
+
 import shlex
 import subprocess
 
-from queue_app.worker import capture
 from queue_app.conf import settings
+from queue_app.worker import capture
 
 # Characters of stderr quoted in a failed attempt's error message.
 ERROR_STDERR_CHARS = 2000
@@ -80,8 +81,14 @@ def run(payload, job=None):
     timeout = job.timeout if job is not None and job.timeout is not None else settings.DEFAULT_TIMEOUT
     try:
         done = subprocess.run(
-            args, shell=use_shell, capture_output=True, text=True, errors="replace",
-            stdin=subprocess.DEVNULL, timeout=command_timeout(timeout), check=False,
+            args,
+            shell=use_shell,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            stdin=subprocess.DEVNULL,
+            timeout=command_timeout(timeout),
+            check=False,
         )
     except subprocess.TimeoutExpired as exc:
         # subprocess.run has killed the command; keep what it wrote before that.

@@ -9,6 +9,7 @@ process dies with the supervisor (PR_SET_PDEATHSIG), so a killed worker leaves n
 orphan holding the port, and a worker that cannot serve what it was asked to serve
 refuses to start instead of running without it.
 """
+
 import ctypes
 import os
 import signal
@@ -84,7 +85,9 @@ def _start(what, args, addr):
     deadline = time.monotonic() + READY_TIMEOUT
     while not _listening(host, port):
         if proc.poll() is not None:
-            raise SidecarFailed(f"the {what} for {addr} exited with status {proc.returncode} (its message is above)")
+            raise SidecarFailed(
+                f"the {what} for {addr} exited with status {proc.returncode} (its message is above)"
+            )
         if time.monotonic() > deadline:
             _stop(proc)
             raise SidecarFailed(f"the {what} for {addr} did not start listening within {READY_TIMEOUT:.0f}s")

@@ -1,6 +1,7 @@
 """Memory a runworker supervisor shares with its forked children (created before the
 fork): what each child is running, which finished jobs await their batched
 acknowledgement, and the --max-jobs budget."""
+
 import ctypes
 import time
 from multiprocessing.sharedctypes import RawArray

@@ -26,6 +26,7 @@ Each child leases under its own owner id, ``<worker name>/<run token>/<slot>.<ge
 unique to this run, so the supervisor settles exactly a dead child's jobs, and a later
 worker reusing the name never renews (adopts) this run's leases.
 """
+
 import logging
 import multiprocessing
 import os
@@ -35,15 +36,13 @@ import uuid
 
 from django.db import connections
 
-from queue_app.core import aborting
-from queue_app.core import flow
-from queue_app.worker import schedules as scheduling
-from queue_app.tasks import running as task_running
-from queue_app.core import transitions
-from queue_app.worker import registry as workers
 from queue_app.conf import settings
-from queue_app.worker.slots import Budget, Slots
+from queue_app.core import aborting, events, flow, transitions
+from queue_app.tasks import running as task_running
+from queue_app.worker import registry as workers
+from queue_app.worker import schedules as scheduling
 from queue_app.worker.loop import Options, child_main
+from queue_app.worker.slots import Budget, Slots
 
 log = logging.getLogger("queue_app")
 
@@ -66,29 +65,22 @@ class Child:
 
 
 def _timeout_error(job_id, seconds):
-    return {
-        "type": "TimeoutError",
-        "message": f"job {job_id} ran past its {seconds:g}s timeout; its worker process was killed",
-        "traceback": "",
-    }
+    return events.error(
+        "TimeoutError", f"job {job_id} ran past its {seconds:g}s timeout; its worker process was killed"
+    )
 
 
 def _crash_error(how, finished=False):
     what = "that had run the job" if finished else "running the job"
     tail = " before the job's completion was recorded" if finished else ""
-    return {
-        "type": "WorkerCrashed",
-        "message": f"the worker process {what} {how}{tail}",
-        "traceback": "",
-    }
+    return events.error("WorkerCrashed", f"the worker process {what} {how}{tail}")
 
 
 def _shutdown_error(grace):
-    return {
-        "type": "WorkerStopped",
-        "message": f"killed at shutdown: the job was still running when the {grace:g}s grace period ended",
-        "traceback": "",
-    }
+    return events.error(
+        "WorkerStopped",
+        f"killed at shutdown: the job was still running when the {grace:g}s grace period ended",
+    )
 
 
 def _describe(status):
@@ -121,12 +113,22 @@ class Supervisor:
     def run(self):
         o = self.options
         self.record = workers.register(
-            o.name, pid=os.getpid(), queues=o.queues, kinds=o.kinds,
-            concurrency=o.concurrency, threads=o.threads,
+            o.name,
+            pid=os.getpid(),
+            queues=o.queues,
+            kinds=o.kinds,
+            concurrency=o.concurrency,
+            threads=o.threads,
         )
         log.info(
             "worker %s started: queues=%s kinds=%s concurrency=%s threads=%s batch=%s lease=%ss",
-            o.name, ",".join(o.queues), ",".join(o.kinds) or "*", o.concurrency, o.threads, o.batch, o.lease,
+            o.name,
+            ",".join(o.queues),
+            ",".join(o.kinds) or "*",
+            o.concurrency,
+            o.threads,
+            o.batch,
+            o.lease,
         )
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         started = time.monotonic()
@@ -184,8 +186,12 @@ class Supervisor:
     def _begin_stop(self, why):
         self.stopping = True
         self.stop_deadline = time.monotonic() + self.options.grace
-        log.info("worker %s stopping (%s): finishing claimed jobs within %ss", self.options.name, why,
-                 self.options.grace)
+        log.info(
+            "worker %s stopping (%s): finishing claimed jobs within %ss",
+            self.options.name,
+            why,
+            self.options.grace,
+        )
         self._guard(workers.mark_stopping, self.record.id)
         for child in self.children.values():
             self._signal(child, signal.SIGTERM)
@@ -203,8 +209,12 @@ class Supervisor:
         # attempt): their leases lapse and recovery spends it.
         for owner, held in self._guard(workers.leased_by, self._owner_prefix(), default={}).items():
             for job_id, attempt in held:
-                log.warning("left leased id=%s attempt=%s worker=%s: its lease lapses and recovery takes it",
-                            job_id, attempt, owner)
+                log.warning(
+                    "left leased id=%s attempt=%s worker=%s: its lease lapses and recovery takes it",
+                    job_id,
+                    attempt,
+                    owner,
+                )
         self._guard(workers.deregister, self.record.id, jobs_done=self._jobs_done())
         log.info("worker %s stopped after %s jobs", self.options.name, self._jobs_done())
 
@@ -256,9 +266,14 @@ class Supervisor:
         # Their handlers ran; only the record was lost. Failing them (not releasing)
         # keeps the attempt counted and the history true: at-least-once, recorded.
         for job_id, attempt in child.slots.unacked():
-            log.warning("unacknowledged id=%s attempt=%s worker=%s: child %s", job_id, attempt, child.owner, how)
+            log.warning(
+                "unacknowledged id=%s attempt=%s worker=%s: child %s", job_id, attempt, child.owner, how
+            )
             self._guard(
-                transitions.fail, job_id, worker_id=child.owner, attempt=attempt,
+                transitions.fail,
+                job_id,
+                worker_id=child.owner,
+                attempt=attempt,
                 error=_crash_error(how, finished=True),
             )
 
@@ -290,8 +305,13 @@ class Supervisor:
                 # Killed for ignoring its abort (or died meanwhile): what was asked for.
                 why = "was killed after the abort grace" if child.killed_for_abort else f"process {how}"
                 log.warning("aborted id=%s attempt=%s worker=%s: %s", job_id, attempt, child.owner, why)
-                self._guard(transitions.abort, job_id, worker_id=child.owner, attempt=attempt,
-                            how=f"its handler {why}" if child.killed_for_abort else f"its worker {why}")
+                self._guard(
+                    transitions.abort,
+                    job_id,
+                    worker_id=child.owner,
+                    attempt=attempt,
+                    how=f"its handler {why}" if child.killed_for_abort else f"its worker {why}",
+                )
                 continue
             if child.timed_out and child.timed_out[0] == job_id:
                 error = _timeout_error(job_id, child.timed_out[2])
@@ -350,8 +370,12 @@ class Supervisor:
                 child, attempt = running[job_id]
                 if child.slots.request_abort(job_id):
                     child.aborts[job_id] = (attempt, now + grace)
-                    log.info("abort requested id=%s: told child pid=%s, killed in %ss if still running",
-                             job_id, child.pid, grace)
+                    log.info(
+                        "abort requested id=%s: told child pid=%s, killed in %ss if still running",
+                        job_id,
+                        child.pid,
+                        grace,
+                    )
         for child in list(self.children.values()):
             if not child.aborts or child.killed_for_abort:
                 continue
@@ -362,7 +386,9 @@ class Supervisor:
                 elif now > deadline:
                     # Nothing gentler reaches a handler that does not look (C code, a busy loop).
                     child.killed_for_abort = True
-                    log.warning("id=%s still running after its abort grace; killing child pid=%s", job_id, child.pid)
+                    log.warning(
+                        "id=%s still running after its abort grace; killing child pid=%s", job_id, child.pid
+                    )
                     self._signal(child, signal.SIGKILL)
                     break
 
@@ -374,7 +400,9 @@ class Supervisor:
             held = child.slots.held()
             in_hand += len(held)
             if held:
-                self._guard(transitions.renew, list(held), worker_id=child.owner, lease_seconds=self.options.lease)
+                self._guard(
+                    transitions.renew, list(held), worker_id=child.owner, lease_seconds=self.options.lease
+                )
         self._guard(workers.heartbeat, self.record.id, jobs_in_hand=in_hand, jobs_done=self._jobs_done())
 
     def _recover(self):

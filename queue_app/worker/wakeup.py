@@ -18,6 +18,7 @@ away"). Ids are handed out at insert, not at commit, so an enqueue that commits 
 later insert moved MAX() already, or between the empty claim and the first look, is
 found by the ordinary poll instead: the poll interval stays the worst case. So is a job
 whose retry or schedule comes due later."""
+
 import logging
 import time
 

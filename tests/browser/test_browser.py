@@ -3,6 +3,7 @@
 Screenshots land in $JOBQUEUE_ARTIFACTS (default .test-results/screenshots) so a
 person can look at what the operator sees.
 """
+
 import os
 import re
 from pathlib import Path
@@ -11,17 +12,25 @@ import pytest
 from django.db import connection
 
 from queue_app.core.enqueueing import enqueue
-from queue_app.worker.execution import run_one
 from queue_app.models import Job, State
+from queue_app.worker.execution import run_one
 
 CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--no-first-run"]
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
 TIMEOUT_MS = 15_000
 
 pytestmark = [
     pytest.mark.browser,
-    pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is missing (apt-get install chromium)"),
+    pytest.mark.skipif(
+        not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is missing (apt-get install chromium)"
+    ),
 ]
 
 
@@ -67,7 +76,11 @@ def page(browser, live_server, django_user_model):
 
 
 def shot(tab, name):
-    folder = Path(os.environ.get("JOBQUEUE_ARTIFACTS", Path(__file__).resolve().parents[2] / ".test-results" / "screenshots"))
+    folder = Path(
+        os.environ.get(
+            "JOBQUEUE_ARTIFACTS", Path(__file__).resolve().parents[2] / ".test-results" / "screenshots"
+        )
+    )
     folder.mkdir(parents=True, exist_ok=True)
     tab.screenshot(path=str(folder / f"{name}-{connection.vendor}.png"), full_page=True)
 
@@ -78,7 +91,7 @@ def count(tab, key):
 
 def wait_for_count(tab, key, value):
     tab.wait_for_function(
-        "([key, value]) => document.querySelector(`[data-count=\"${key}\"]`)?.textContent.trim() === value",
+        '([key, value]) => document.querySelector(`[data-count="${key}"]`)?.textContent.trim() === value',
         arg=[key, value],
     )
 

@@ -1,5 +1,6 @@
 """Aborting a running job: cooperative (the handler sees cancelled()) and, after the
 grace period, by killing its worker child; with real runworker processes."""
+
 import time
 
 import pytest
@@ -7,15 +8,15 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from queue_app import current_job, enqueue
-from queue_app.core import aborting
-from queue_app.worker import execution
-from queue_app.ops import actions as operations
-from queue_app.handlers import registry
-from queue_app.core import transitions
+from queue_app.core import aborting, transitions
 from queue_app.exceptions import InvalidTransition
+from queue_app.handlers import registry
 from queue_app.models import EventType, Job, State
-from tests.factories import JobFactory
+from queue_app.ops import actions as operations
+from queue_app.worker import execution
 from tests import worker_support
+from tests.factories import JobFactory
+from tests.support import event_types as types
 from tests.worker_support import lease_settings, start_worker, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -74,10 +75,6 @@ def fast_abort(settings):
 ABORTED = [EventType.ENQUEUED, EventType.CLAIMED, EventType.ABORT_REQUESTED, EventType.CANCELLED]
 
 
-def types(job):
-    return list(Job.objects.get(id=job.id).events.values_list("type", flat=True))
-
-
 def running(job):
     return Job.objects.filter(id=job.id, state=State.LEASED, progress__isnull=False).exists()
 
@@ -95,8 +92,11 @@ def test_aborted_job_that_checks_cancelled_ends_cancelled_without_its_child_bein
     try:
         wait_for(lambda: running(job), what="the job to start")
         aborting.cancel(job.id, actor="ops", reason="no longer needed")
-        wait_for(lambda: Job.objects.filter(id=job.id, state=State.CANCELLED).exists(), timeout=10,
-                 what="the job to end cancelled")
+        wait_for(
+            lambda: Job.objects.filter(id=job.id, state=State.CANCELLED).exists(),
+            timeout=10,
+            what="the job to end cancelled",
+        )
         job.refresh_from_db()
         assert (job.lease_owner, job.result, job.cancel_requested_at is not None) == (None, None, True)
         assert types(job) == ABORTED
@@ -107,8 +107,9 @@ def test_aborted_job_that_checks_cancelled_ends_cancelled_without_its_child_bein
         assert cancelled.metadata["how"] == "the handler returned after the abort request"
         # The same child goes on serving: no replacement was forked.
         follow = enqueue("echo", {"n": 1})
-        wait_for(lambda: Job.objects.filter(id=follow.id, state=State.COMPLETED).exists(),
-                 what="the next job")
+        wait_for(
+            lambda: Job.objects.filter(id=follow.id, state=State.COMPLETED).exists(), what="the next job"
+        )
         assert follow.events.get(type=EventType.CLAIMED).worker == cancelled.worker
     finally:
         stop(proc)
@@ -121,16 +122,22 @@ def test_aborted_job_that_ignores_it_is_killed_after_the_grace_and_the_child_rep
     try:
         wait_for(lambda: running(job), what="the job to start")
         aborting.cancel(job.id, actor="ops")
-        wait_for(lambda: Job.objects.filter(id=job.id, state=State.CANCELLED).exists(), timeout=15,
-                 what="the job to end cancelled")
+        wait_for(
+            lambda: Job.objects.filter(id=job.id, state=State.CANCELLED).exists(),
+            timeout=15,
+            what="the job to end cancelled",
+        )
         assert types(job) == ABORTED
         cancelled = job.events.get(type=EventType.CANCELLED)
         assert cancelled.metadata["how"] == "its handler was killed after the abort grace"
         assert cancelled.worker.endswith("/0.1")
         # A new child (generation 2 of slot 0) serves the next job.
         follow = enqueue("echo", {"n": 1})
-        wait_for(lambda: Job.objects.filter(id=follow.id, state=State.COMPLETED).exists(), timeout=15,
-                 what="the replacement child to run the next job")
+        wait_for(
+            lambda: Job.objects.filter(id=follow.id, state=State.COMPLETED).exists(),
+            timeout=15,
+            what="the replacement child to run the next job",
+        )
         assert follow.events.get(type=EventType.CLAIMED).worker.endswith("/0.2")
         assert proc.is_alive()
     finally:
@@ -145,8 +152,11 @@ def test_a_job_aborted_while_its_handler_fails_is_cancelled_not_retried(fast_abo
     try:
         wait_for(lambda: running(job), what="the job to start")
         aborting.cancel(job.id)
-        wait_for(lambda: Job.objects.filter(id=job.id, state=State.CANCELLED).exists(), timeout=10,
-                 what="the job to end cancelled")
+        wait_for(
+            lambda: Job.objects.filter(id=job.id, state=State.CANCELLED).exists(),
+            timeout=10,
+            what="the job to end cancelled",
+        )
         cancelled = Job.objects.get(id=job.id).events.get(type=EventType.CANCELLED)
         assert cancelled.metadata["how"] == "the handler raised after the abort request"
         assert cancelled.metadata["error"]["message"] == "interrupted"
@@ -267,4 +277,3 @@ def test_operations_cancel_action_requests_abort_of_a_running_job():
     assert Job.objects.get(id=running_job.id).state == State.LEASED
     assert Job.objects.get(id=running_job.id).cancel_requested_at is not None
     assert Job.objects.get(id=pending_job.id).state == State.CANCELLED
-

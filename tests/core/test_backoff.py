@@ -2,12 +2,12 @@ import doctest
 from datetime import datetime, timedelta
 
 import pytest
+
 from queue_app import bulk_enqueue, enqueue
-from queue_app.core import backoff
-from queue_app.worker import execution
-from queue_app.core import transitions
+from queue_app.core import backoff, transitions
 from queue_app.exceptions import InvalidJob
 from queue_app.models import Event, EventType, Job, State
+from queue_app.worker import execution
 
 
 def test_backoff_doctests_pass():
@@ -34,7 +34,10 @@ def _fail_once(job):
     recorded delay, job). Both ends come from the database: no clock of the test's own."""
     [claimed] = transitions.claim(WORKER, kinds=[job.kind])
     assert claimed.id == job.id
-    assert transitions.fail(job.id, worker_id=WORKER, attempt=claimed.attempts, error={"message": "no"}) == State.PENDING
+    assert (
+        transitions.fail(job.id, worker_id=WORKER, attempt=claimed.attempts, error={"message": "no"})
+        == State.PENDING
+    )
     job.refresh_from_db()
     event = Event.objects.filter(job=job, type=EventType.FAILED).latest("id")
     assert datetime.fromisoformat(event.metadata["retry_at"]) == job.run_at
@@ -57,7 +60,12 @@ def _retry_now(job):
     ],
 )
 def test_a_jobs_own_backoff_beats_the_settings(settings, overrides, expected):
-    settings.JOBQUEUE = {**settings.JOBQUEUE, "BACKOFF_BASE": 2, "BACKOFF_MAX_SECONDS": 3600, "BACKOFF_JITTER": False}
+    settings.JOBQUEUE = {
+        **settings.JOBQUEUE,
+        "BACKOFF_BASE": 2,
+        "BACKOFF_MAX_SECONDS": 3600,
+        "BACKOFF_JITTER": False,
+    }
     job = enqueue("backoff-own", max_attempts=5, **overrides)
     delays = []
     for _ in range(3):
@@ -70,7 +78,12 @@ def test_a_jobs_own_backoff_beats_the_settings(settings, overrides, expected):
 
 @pytest.mark.django_db
 def test_a_job_without_overrides_follows_the_settings(settings):
-    settings.JOBQUEUE = {**settings.JOBQUEUE, "BACKOFF_BASE": 3, "BACKOFF_MAX_SECONDS": 20, "BACKOFF_JITTER": False}
+    settings.JOBQUEUE = {
+        **settings.JOBQUEUE,
+        "BACKOFF_BASE": 3,
+        "BACKOFF_MAX_SECONDS": 20,
+        "BACKOFF_JITTER": False,
+    }
     job = enqueue("backoff-defaults", max_attempts=5)
     assert (job.backoff_base, job.backoff_max, job.backoff_jitter) == (None, None, None)
     delays = []
@@ -93,7 +106,10 @@ def test_a_job_can_turn_jitter_off_when_the_settings_turn_it_on(settings):
 def test_a_job_with_jitter_waits_anywhere_up_to_its_delay(settings):
     settings.JOBQUEUE = {**settings.JOBQUEUE, "BACKOFF_JITTER": False}
     jobs = bulk_enqueue(
-        [{"kind": "backoff-jitter", "max_attempts": 2, "backoff_base": 100, "backoff_jitter": True} for _ in range(20)]
+        [
+            {"kind": "backoff-jitter", "max_attempts": 2, "backoff_base": 100, "backoff_jitter": True}
+            for _ in range(20)
+        ]
     )
     delays = []
     for job in jobs:
@@ -110,13 +126,17 @@ def test_a_job_with_jitter_waits_anywhere_up_to_its_delay(settings):
 def test_an_explicit_retry_delay_still_wins_over_the_jobs_backoff():
     job = enqueue("backoff-explicit", max_attempts=3, backoff_base=50)
     [claimed] = transitions.claim(WORKER, kinds=[job.kind])
-    transitions.fail(job.id, worker_id=WORKER, attempt=claimed.attempts, error={"message": "no"}, retry_delay=1.5)
+    transitions.fail(
+        job.id, worker_id=WORKER, attempt=claimed.attempts, error={"message": "no"}, retry_delay=1.5
+    )
     assert Event.objects.filter(job=job, type=EventType.FAILED).get().metadata["delay"] == 1.5
 
 
 @pytest.mark.django_db
 def test_a_chained_follow_up_carries_its_own_backoff():
-    parent = enqueue("echo", on_success={"kind": "add", "payload": {"a": 1, "b": 2}, "backoff_base": 7, "backoff_max": 60})
+    parent = enqueue(
+        "echo", on_success={"kind": "add", "payload": {"a": 1, "b": 2}, "backoff_base": 7, "backoff_max": 60}
+    )
 
     assert execution.run_one(worker_id=WORKER).id == parent.id
 

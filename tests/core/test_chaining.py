@@ -1,4 +1,5 @@
 """on_success / on_failure follow-ups, enqueued by the terminal transition itself."""
+
 from datetime import timedelta
 
 import pytest
@@ -7,8 +8,8 @@ from django.utils import timezone
 from queue_app import enqueue
 from queue_app.core import transitions
 from queue_app.exceptions import InvalidJob
-from queue_app.worker.execution import run_one
 from queue_app.models import Event, Job, State
+from queue_app.worker.execution import run_one
 
 pytestmark = pytest.mark.django_db
 
@@ -18,7 +19,10 @@ def test_success_enqueues_the_follow_up_with_the_parents_result_and_both_timelin
     run_one()
     child = Job.objects.get(parent_id=parent.id)
     assert child.kind == "echo" and child.priority == 7 and child.state == State.PENDING
-    assert child.payload == {"x": 1, "parent": {"id": parent.id, "kind": "add", "state": "completed", "result": 5, "error": None}}
+    assert child.payload == {
+        "x": 1,
+        "parent": {"id": parent.id, "kind": "add", "state": "completed", "result": 5, "error": None},
+    }
     assert Event.objects.get(job_id=parent.id, type="completed").metadata == {"chained": child.id}
     assert Event.objects.get(job_id=child.id, type="enqueued").metadata["parent"] == parent.id
 
@@ -63,7 +67,11 @@ def test_a_lease_recovered_into_the_dead_letter_queue_runs_the_failure_template(
 
 
 def test_chains_chain_further():
-    enqueue("echo", {"n": 1}, on_success={"kind": "echo", "on_success": {"kind": "echo", "payload": {"last": True}}})
+    enqueue(
+        "echo",
+        {"n": 1},
+        on_success={"kind": "echo", "on_success": {"kind": "echo", "payload": {"last": True}}},
+    )
     for _ in range(3):
         run_one()
     assert Job.objects.filter(state=State.COMPLETED).count() == 3
@@ -72,7 +80,13 @@ def test_chains_chain_further():
 
 @pytest.mark.parametrize(
     "template",
-    [{"payload": {}}, {"kind": "bad kind"}, {"kind": "echo", "payload": [1]}, {"kind": "echo", "colour": "red"}, "echo"],
+    [
+        {"payload": {}},
+        {"kind": "bad kind"},
+        {"kind": "echo", "payload": [1]},
+        {"kind": "echo", "colour": "red"},
+        "echo",
+    ],
 )
 def test_a_bad_template_is_refused_at_enqueue_and_nothing_is_written(template):
     with pytest.raises(InvalidJob) as exc:

@@ -13,7 +13,16 @@ def test_durations_doctests_pass():
 
 @pytest.mark.parametrize(
     "text, seconds",
-    [("500ms", 0.5), ("30s", 30.0), ("5m", 300.0), ("2h", 7200.0), ("1d", 86400.0), (" 1.5 s ", 1.5), (".25", 0.25), (3, 3.0)],
+    [
+        ("500ms", 0.5),
+        ("30s", 30.0),
+        ("5m", 300.0),
+        ("2h", 7200.0),
+        ("1d", 86400.0),
+        (" 1.5 s ", 1.5),
+        (".25", 0.25),
+        (3, 3.0),
+    ],
 )
 def test_parse_accepts_numbers_with_units(text, seconds):
     assert durations.parse(text) == seconds

@@ -1,4 +1,5 @@
 """enqueue() and bulk_enqueue(): what they write, and what they refuse."""
+
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -134,7 +135,9 @@ def test_bulk_enqueue_inserts_thousands_in_order_with_one_event_each():
 
 def test_bulk_enqueue_with_keys_returns_existing_jobs():
     existing = enqueue("echo", {}, idempotency_key="a")
-    jobs = bulk_enqueue([{"kind": "echo", "idempotency_key": "a"}, {"kind": "echo"}, {"kind": "echo", "idempotency_key": "b"}])
+    jobs = bulk_enqueue(
+        [{"kind": "echo", "idempotency_key": "a"}, {"kind": "echo"}, {"kind": "echo", "idempotency_key": "b"}]
+    )
     assert jobs[0].id == existing.id
     assert Job.objects.count() == 3
 
@@ -204,11 +207,23 @@ def test_manage_py_enqueue_takes_backoff_flags_and_the_json_document_form():
 
     from django.core.management import call_command
 
-    call_command("enqueue", "--kind", "echo", "--backoff-base", "3", "--backoff-max", "10m", "--backoff-jitter",
-                 stdout=StringIO())
-    call_command("enqueue", '{"kind": "echo", "backoff_max": "90s", "backoff_jitter": false}', stdout=StringIO())
+    call_command(
+        "enqueue",
+        "--kind",
+        "echo",
+        "--backoff-base",
+        "3",
+        "--backoff-max",
+        "10m",
+        "--backoff-jitter",
+        stdout=StringIO(),
+    )
+    call_command(
+        "enqueue", '{"kind": "echo", "backoff_max": "90s", "backoff_jitter": false}', stdout=StringIO()
+    )
     assert list(Job.objects.order_by("id").values_list("backoff_base", "backoff_max", "backoff_jitter")) == [
-        (3.0, 600.0, True), (None, 90.0, False),
+        (3.0, 600.0, True),
+        (None, 90.0, False),
     ]
 
 
@@ -245,7 +260,9 @@ def test_post_api_jobs_takes_backoff_options_and_returns_them():
     r = _api_post({"kind": "echo", "backoff_base": 4, "backoff_max": 300, "backoff_jitter": True})
     assert r.status_code == 201, r.content
     assert {k: r.json()[k] for k in ("backoff_base", "backoff_max", "backoff_jitter")} == {
-        "backoff_base": 4.0, "backoff_max": 300.0, "backoff_jitter": True,
+        "backoff_base": 4.0,
+        "backoff_max": 300.0,
+        "backoff_jitter": True,
     }
     job = Job.objects.get(id=r.json()["id"])
     assert (job.backoff_base, job.backoff_max, job.backoff_jitter) == (4.0, 300.0, True)
@@ -277,15 +294,29 @@ def test_a_concurrency_key_is_stored_and_named_in_the_enqueued_event_on_every_pa
     plain = enqueue("echo", {}, concurrency_key="customer:42")
     keyed = enqueue("echo", {}, concurrency_key="customer:42", idempotency_key="once")
     # Two or more rows: the multi-row INSERT (COPY on PostgreSQL).
-    batch = bulk_enqueue([{"kind": "echo", "concurrency_key": f"customer:{n}"} for n in range(3)] + [{"kind": "echo"}])
+    batch = bulk_enqueue(
+        [{"kind": "echo", "concurrency_key": f"customer:{n}"} for n in range(3)] + [{"kind": "echo"}]
+    )
     stored = dict(Job.objects.values_list("id", "concurrency_key"))
     assert [stored[j.id] for j in (plain, keyed, *batch)] == [
-        "customer:42", "customer:42", "customer:0", "customer:1", "customer:2", None,
+        "customer:42",
+        "customer:42",
+        "customer:0",
+        "customer:1",
+        "customer:2",
+        None,
     ]
-    assert [j.concurrency_key for j in (plain, keyed, *batch)] == [stored[j.id] for j in (plain, keyed, *batch)]
+    assert [j.concurrency_key for j in (plain, keyed, *batch)] == [
+        stored[j.id] for j in (plain, keyed, *batch)
+    ]
     meta = {e.job_id: e.metadata for e in Event.objects.filter(type="enqueued")}
     assert [meta[j.id].get("concurrency_key") for j in (plain, keyed, *batch)] == [
-        "customer:42", "customer:42", "customer:0", "customer:1", "customer:2", None,
+        "customer:42",
+        "customer:42",
+        "customer:0",
+        "customer:1",
+        "customer:2",
+        None,
     ]
 
 
@@ -303,7 +334,10 @@ def test_manage_py_enqueue_takes_a_concurrency_key_as_a_flag_or_in_the_document(
 
     call_command("enqueue", "--kind", "echo", "--concurrency-key", "customer:42", stdout=StringIO())
     call_command("enqueue", '{"kind": "echo", "concurrency_key": "customer:7"}', stdout=StringIO())
-    assert list(Job.objects.order_by("id").values_list("concurrency_key", flat=True)) == ["customer:42", "customer:7"]
+    assert list(Job.objects.order_by("id").values_list("concurrency_key", flat=True)) == [
+        "customer:42",
+        "customer:7",
+    ]
     out = StringIO()
     call_command("history", str(Job.objects.order_by("id").first().id), stdout=out)
     assert "concurrency key: customer:42" in out.getvalue()
@@ -338,14 +372,19 @@ def _api_client():
 
 def test_post_api_jobs_takes_a_concurrency_key_and_returns_it():
     client = _api_client()
-    r = client.post("/api/jobs", {"kind": "echo", "concurrency_key": "customer:42"}, content_type="application/json")
+    r = client.post(
+        "/api/jobs", {"kind": "echo", "concurrency_key": "customer:42"}, content_type="application/json"
+    )
     assert r.status_code == 201, r.content
     assert r.json()["concurrency_key"] == "customer:42"
     assert Job.objects.get(id=r.json()["id"]).concurrency_key == "customer:42"
     unkeyed = client.post("/api/jobs", {"kind": "echo"}, content_type="application/json")
     assert unkeyed.status_code == 201 and unkeyed.json()["concurrency_key"] is None
-    bulk = client.post("/api/jobs/bulk", {"jobs": [{"kind": "echo", "concurrency_key": "customer:7"}] * 2},
-                       content_type="application/json")
+    bulk = client.post(
+        "/api/jobs/bulk",
+        {"jobs": [{"kind": "echo", "concurrency_key": "customer:7"}] * 2},
+        content_type="application/json",
+    )
     assert bulk.status_code == 201, bulk.content
     assert [j["concurrency_key"] for j in bulk.json()] == ["customer:7", "customer:7"]
 

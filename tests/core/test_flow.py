@@ -1,13 +1,13 @@
 """Pauses, concurrency limits (per kind and per key) and rate limits at claim time (flow.py), one process."""
+
 from datetime import timedelta
 
 import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from queue_app.core import flow
+from queue_app.core import flow, transitions
 from queue_app.engines import leasing
-from queue_app.core import transitions
 from queue_app.exceptions import InvalidJob
 from queue_app.models import Job, KindLimit, Pause, State
 from tests.factories import JobFactory
@@ -76,7 +76,9 @@ def test_a_dead_workers_slot_frees_when_its_lease_is_recovered():
     # The freed slot takes one job: the one that waited (recovery sets the lost one's
     # run_at to now, behind it).
     assert [j.id for j in got] == [waiting.id]
-    assert list(Job.objects.filter(kind="echo", state=State.PENDING).values_list("id", flat=True)) == [lost.id]
+    assert list(Job.objects.filter(kind="echo", state=State.PENDING).values_list("id", flat=True)) == [
+        lost.id
+    ]
 
 
 def test_rate_limit_caps_starts_per_window_then_opens_a_new_window():
@@ -124,7 +126,9 @@ def test_clearing_a_limit_lets_the_kind_run_freely_again():
     assert len(transitions.claim("w1", limit=10)) == 2
 
 
-@pytest.mark.parametrize("kwargs", [{"concurrency": 0}, {"rate_limit": -1}, {"rate_period": 0}, {"concurrency": "2"}])
+@pytest.mark.parametrize(
+    "kwargs", [{"concurrency": 0}, {"rate_limit": -1}, {"rate_period": 0}, {"concurrency": "2"}]
+)
 def test_bad_limits_are_refused_and_nothing_is_written(kwargs):
     with pytest.raises(InvalidJob):
         flow.set_limit("echo", **kwargs)
@@ -132,9 +136,15 @@ def test_bad_limits_are_refused_and_nothing_is_written(kwargs):
 
 
 def test_limits_from_settings_are_synced_and_dropped_when_removed(settings):
-    settings.JOBQUEUE = {**settings.JOBQUEUE, "LIMITS": {"echo": {"concurrency": 2}, "add": {"rate_limit": 5, "rate_period": 1}}}
+    settings.JOBQUEUE = {
+        **settings.JOBQUEUE,
+        "LIMITS": {"echo": {"concurrency": 2}, "add": {"rate_limit": 5, "rate_period": 1}},
+    }
     flow.sync_limits()
-    assert {(r.kind, r.concurrency, r.rate_limit) for r in KindLimit.objects.all()} == {("echo", 2, None), ("add", None, 5)}
+    assert {(r.kind, r.concurrency, r.rate_limit) for r in KindLimit.objects.all()} == {
+        ("echo", 2, None),
+        ("add", None, 5),
+    }
     flow.set_limit("manual", concurrency=3)
     settings.JOBQUEUE = {**settings.JOBQUEUE, "LIMITS": {"echo": {"concurrency": 4}}}
     flow.sync_limits()
@@ -156,7 +166,10 @@ def test_keys_at_their_limit_wait_while_other_keys_and_unkeyed_jobs_lease():
         JobFactory(kind="echo", concurrency_key=key)
     jobs = transitions.claim("w1", limit=10)
     assert claimed_keys(jobs) == ["-", "-", "c"]
-    assert sorted(Job.objects.filter(state=State.PENDING).values_list("concurrency_key", flat=True)) == ["a", "b"]
+    assert sorted(Job.objects.filter(state=State.PENDING).values_list("concurrency_key", flat=True)) == [
+        "a",
+        "b",
+    ]
 
 
 def test_jobs_without_a_key_are_not_held_by_per_key():

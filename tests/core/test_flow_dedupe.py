@@ -1,5 +1,6 @@
 """Dedupe windows (unique_for): within the window the key returns the existing job,
 after it a new job takes the key; race-free through the unique index."""
+
 import json
 import multiprocessing
 from datetime import timedelta
@@ -9,9 +10,9 @@ from django.test import Client
 from django.utils import timezone
 
 from queue_app import enqueue
-from queue_app.web import auth as api_auth
 from queue_app.exceptions import InvalidJob
 from queue_app.models import Event, Job
+from queue_app.web import auth as api_auth
 from tests.conftest import run_processes
 
 
@@ -47,7 +48,14 @@ def test_without_unique_for_a_key_dedupes_for_as_long_as_the_job_exists():
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("options", [{"unique_for": 60}, {"unique_for": 0, "idempotency_key": "k"}, {"unique_for": "x", "idempotency_key": "k"}])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"unique_for": 60},
+        {"unique_for": 0, "idempotency_key": "k"},
+        {"unique_for": "x", "idempotency_key": "k"},
+    ],
+)
 def test_bad_unique_for_is_refused_and_nothing_is_written(options):
     with pytest.raises(InvalidJob) as exc:
         enqueue("echo", **options)

@@ -1,13 +1,15 @@
 """Lease order: priority, tie-breakers, scheduling and aging, checked against the
 plain-Python model in queue_app.core.ordering, on each database's real claim query."""
+
 from datetime import timedelta
 
 import pytest
 from django.utils import timezone
-from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
-from queue_app.core import ordering
-from queue_app.core import transitions
+from queue_app.core import ordering, transitions
 from queue_app.models import Job
 from tests.factories import JobFactory
 
@@ -49,7 +51,9 @@ def test_scheduled_job_is_invisible_until_run_at_passes():
 
 def test_low_priority_job_overtakes_fresher_high_priority_one_after_enough_aging_intervals():
     now = timezone.now()
-    old_low = JobFactory(priority=0, created_at=now - timedelta(seconds=60), run_at=now - timedelta(seconds=60))
+    old_low = JobFactory(
+        priority=0, created_at=now - timedelta(seconds=60), run_at=now - timedelta(seconds=60)
+    )
     fresh_high = JobFactory(priority=5, created_at=now, run_at=now)
     # 60s waited at 15s per point = +4: not yet past priority 5.
     assert transitions.claim("w", limit=1, now=now, aging=15)[0].id == fresh_high.id
@@ -85,7 +89,10 @@ def test_claim_serves_only_the_named_queues_and_kinds():
 
 def test_batch_claim_takes_the_top_n_in_order():
     now = timezone.now()
-    jobs = [JobFactory(priority=p, created_at=now - timedelta(seconds=i)) for i, p in enumerate([1, 9, 3, 9, -2, 0])]
+    jobs = [
+        JobFactory(priority=p, created_at=now - timedelta(seconds=i))
+        for i, p in enumerate([1, 9, 3, 9, -2, 0])
+    ]
     got = transitions.claim("w", limit=3, now=now + timedelta(seconds=1), aging=0)
     expected = ordering.lease_order(jobs, now + timedelta(seconds=1), 0)[:3]
     assert [j.id for j in got] == [j.id for j in expected]
@@ -105,7 +112,10 @@ job_specs = st.lists(
 
 
 @hsettings(
-    max_examples=40, deadline=None, derandomize=True, database=None,
+    max_examples=40,
+    deadline=None,
+    derandomize=True,
+    database=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(specs=job_specs, aging=st.sampled_from([0, 1, 15, 30]))
@@ -114,8 +124,14 @@ def test_database_lease_order_matches_the_python_model(specs, aging):
     now = timezone.now().replace(microsecond=500_000)
     jobs = []
     for priority, ready_ms, created_ms, future in specs:
-        run_at = now + timedelta(milliseconds=ready_ms + 1) if future else now - timedelta(milliseconds=ready_ms)
-        jobs.append(JobFactory(priority=priority, run_at=run_at, created_at=run_at - timedelta(milliseconds=created_ms)))
+        run_at = (
+            now + timedelta(milliseconds=ready_ms + 1) if future else now - timedelta(milliseconds=ready_ms)
+        )
+        jobs.append(
+            JobFactory(
+                priority=priority, run_at=run_at, created_at=run_at - timedelta(milliseconds=created_ms)
+            )
+        )
     expected = [j.id for j in ordering.lease_order(jobs, now, aging)]
     # One at a time, the claim query's own order must be the model's.
     assert drain(now, aging=aging) == expected

@@ -1,4 +1,5 @@
 """Every edge of the state machine, each with its event row checked."""
+
 from datetime import timedelta
 
 import pytest
@@ -8,16 +9,9 @@ from queue_app.core import transitions
 from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound
 from queue_app.models import DeadLetter, Event, EventType, Job, State
 from tests.factories import JobFactory
+from tests.support import events, last_event
 
 pytestmark = pytest.mark.django_db
-
-
-def events(job):
-    return list(Event.objects.filter(job_id=job.id).order_by("id"))
-
-
-def last_event(job):
-    return Event.objects.filter(job_id=job.id).order_by("-id").first()
 
 
 def claim_one(worker="w1", **kw):
@@ -47,7 +41,11 @@ def test_claim_leases_the_job_with_owner_deadline_attempt_and_event(enqueue_job)
     assert claimed.started_at is not None
     event = last_event(job)
     assert (event.type, event.from_state, event.to_state, event.attempt, event.worker) == (
-        "claimed", "pending", "leased", 1, "w1",
+        "claimed",
+        "pending",
+        "leased",
+        1,
+        "w1",
     )
 
 
@@ -62,7 +60,12 @@ def test_complete_stores_result_and_appends_completed_event(enqueue_job):
     job = claim_one()
     assert transitions.complete(job.id, worker_id="w1", attempt=1, result={"ok": True}) is True
     job.refresh_from_db()
-    assert (job.state, job.result, job.lease_owner, job.lease_expires_at) == ("completed", {"ok": True}, None, None)
+    assert (job.state, job.result, job.lease_owner, job.lease_expires_at) == (
+        "completed",
+        {"ok": True},
+        None,
+        None,
+    )
     assert job.finished_at is not None
     assert [e.type for e in events(job)] == ["enqueued", "claimed", "completed"]
 
@@ -273,6 +276,13 @@ def test_every_transition_of_a_full_life_appends_exactly_one_event(enqueue_job):
     transitions.claim("w1")
     transitions.complete(job.id, worker_id="w1", attempt=1)
     assert [e.type for e in events(job)] == [
-        "enqueued", "claimed", "failed", "claimed", "dead_lettered", "requeued", "claimed", "completed",
+        "enqueued",
+        "claimed",
+        "failed",
+        "claimed",
+        "dead_lettered",
+        "requeued",
+        "claimed",
+        "completed",
     ]
     assert [e.attempt for e in events(job)] == [0, 1, 1, 2, 2, 0, 1, 1]

@@ -1,6 +1,7 @@
 """Webhooks connect only to vetted addresses: a host name is resolved once at delivery, its
 non-public addresses are refused unless WEBHOOK_ALLOWED_NETWORKS lists them, and the
 connection goes to the vetted address with the URL's host in Host, SNI and the cert check."""
+
 import ipaddress
 import ssl
 import subprocess
@@ -13,8 +14,8 @@ from django.core.exceptions import ImproperlyConfigured
 from queue_app import enqueue
 from queue_app.core import webhooks
 from queue_app.exceptions import InvalidJob
-from queue_app.worker.execution import run_one
 from queue_app.models import Job, State
+from queue_app.worker.execution import run_one
 
 BODY = {"id": 1, "state": "completed"}
 # The delivery job deliver() runs as: never saved, so these tests need no database.
@@ -66,10 +67,28 @@ def localhost_cert(tmp_path):
     """A self-signed certificate for the name "localhost" (and no IP address)."""
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-         "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=localhost",
-         "-addext", "subjectAltName=DNS:localhost"],
-        check=True, capture_output=True,
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost",
+        ],
+        check=True,
+        capture_output=True,
     )
     return cert, key
 
@@ -86,14 +105,31 @@ def tls_server(localhost_cert):
     server.server_close()
 
 
-@pytest.mark.parametrize("address", [
-    "127.0.0.1", "10.1.2.3", "172.16.0.1", "192.168.1.1", "169.254.169.254", "100.64.0.1", "0.0.0.0",
-    "224.0.0.1", "240.0.0.1", "255.255.255.255",
-    "::1", "::", "fe80::1", "fc00::1", "ff02::1",
-    "::ffff:127.0.0.1", "::ffff:169.254.169.254", "::ffff:10.0.0.1",  # IPv4-mapped
-    "2002:7f00:1::1",  # 6to4 of 127.0.0.1
-    "64:ff9b::a9fe:a9fe",  # NAT64 of 169.254.169.254
-])
+@pytest.mark.parametrize(
+    "address",
+    [
+        "127.0.0.1",
+        "10.1.2.3",
+        "172.16.0.1",
+        "192.168.1.1",
+        "169.254.169.254",
+        "100.64.0.1",
+        "0.0.0.0",
+        "224.0.0.1",
+        "240.0.0.1",
+        "255.255.255.255",
+        "::1",
+        "::",
+        "fe80::1",
+        "fc00::1",
+        "ff02::1",
+        "::ffff:127.0.0.1",
+        "::ffff:169.254.169.254",
+        "::ffff:10.0.0.1",  # IPv4-mapped
+        "2002:7f00:1::1",  # 6to4 of 127.0.0.1
+        "64:ff9b::a9fe:a9fe",  # NAT64 of 169.254.169.254
+    ],
+)
 def test_non_public_addresses_are_refused(settings, address):
     allow(settings, [])
     assert not webhooks.address_allowed(ipaddress.ip_address(address))
@@ -181,10 +217,12 @@ def test_a_malformed_allowed_network_is_reported_as_a_configuration_error(settin
 
 
 def test_the_webhook_sample_refuses_a_host_outside_the_allow_list(settings):
-    from queue_app.ops import samples
     from queue_app.exceptions import InvalidJob
+    from queue_app.ops import samples
 
     settings.JOBQUEUE = {**settings.JOBQUEUE, "WEBHOOK_ALLOWED_HOSTS": ["hooks.example.com"]}
     with pytest.raises(InvalidJob):
         samples.webhook({"url": "http://169.254.169.254/latest/meta-data", "body": {}})
-    assert samples.webhook({"url": "http://169.254.169.254/", "body": {}, "dry_run": True})["delivered"] is False
+    assert (
+        samples.webhook({"url": "http://169.254.169.254/", "body": {}, "dry_run": True})["delivered"] is False
+    )

@@ -1,4 +1,5 @@
 """Webhooks: delivery jobs POST the outcome to an allow-listed http(s) receiver."""
+
 import hashlib
 import hmac
 import json
@@ -10,11 +11,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from queue_app import enqueue
-from queue_app.core import transitions
-from queue_app.core import webhooks
+from queue_app.core import transitions, webhooks
 from queue_app.exceptions import InvalidJob
-from queue_app.worker.execution import run_one
 from queue_app.models import Event, Job, State
+from queue_app.worker.execution import run_one
 from tests import worker_support
 
 SECRET = "s3cret"
@@ -110,7 +110,12 @@ def test_a_finished_job_enqueues_its_delivery_in_the_same_transaction(hooks, rec
     delivery = Job.objects.get(kind=webhooks.KIND)
     assert Event.objects.get(job_id=job.id, type="completed").metadata == {"webhook": delivery.id}
     body = delivery.payload["body"]
-    assert body["id"] == job.id and body["state"] == "completed" and body["result"] == 3 and body["attempts"] == 1
+    assert (
+        body["id"] == job.id
+        and body["state"] == "completed"
+        and body["result"] == 3
+        and body["attempts"] == 1
+    )
     assert body["error"] is None and body["finished_at"]
 
 
@@ -278,7 +283,9 @@ def test_delivery_refuses_a_host_removed_from_the_allow_list_since_enqueue(hooks
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_receiver_that_fails_twice_then_accepts_gets_one_delivery_through_a_real_worker(hooks, idle_receiver):
+def test_a_receiver_that_fails_twice_then_accepts_gets_one_delivery_through_a_real_worker(
+    hooks, idle_receiver
+):
     receiver = idle_receiver
     receiver.plan = [500, 503]
     job = enqueue("echo", {"hello": "world"}, webhook_url=receiver.url)

@@ -6,6 +6,7 @@ The project lives in tmp_path and shares nothing with jobqueue_project but the
 database server: on SQLite it migrates a file of its own; on PostgreSQL and MariaDB it
 uses the suite's test database, whose tables exist already (`migrate --check` says so).
 """
+
 import json
 import os
 import subprocess
@@ -151,16 +152,25 @@ def project(tmp_path):
         (tmp_path / name).write_text(text)
     # Only what a site's own environment would hold: none of the suite's DATABASE_URL,
     # JOBQUEUE_* or DJANGO_SETTINGS_MODULE.
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("JOBQUEUE_", "DJANGO_")) and k not in ("DATABASE_URL", "SQLITE_TEST_NAME")}
-    env.update(PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]),
-               DJANGO_SETTINGS_MODULE="freshsite.settings", PYTHONUNBUFFERED="1")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("JOBQUEUE_", "DJANGO_")) and k not in ("DATABASE_URL", "SQLITE_TEST_NAME")
+    }
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]),
+        DJANGO_SETTINGS_MODULE="freshsite.settings",
+        PYTHONUNBUFFERED="1",
+    )
 
     def run(*args, timeout=60):
         connections.close_all()
-        done = subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True,
-                              timeout=timeout)
-        assert done.returncode == 0, f"{' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+        done = subprocess.run(
+            [sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout
+        )
+        assert done.returncode == 0, (
+            f"{' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+        )
         return done.stdout
 
     return tmp_path, run
@@ -183,19 +193,32 @@ def test_a_fresh_project_runs_retries_and_dead_letters_its_tasks_through_runwork
     run("-m", "django", "runworker", "--max-jobs", "8", "--poll", "20ms")
 
     results = json.loads(run("report.py", json.dumps(ids)))
-    assert results["add"] == {"status": "SUCCESSFUL", "value": 42, "attempts": 1, "errors": [], "finished": True}
+    assert results["add"] == {
+        "status": "SUCCESSFUL",
+        "value": 42,
+        "attempts": 1,
+        "errors": [],
+        "finished": True,
+    }
     assert results["shout"]["status"] == "SUCCESSFUL" and results["shout"]["value"] == "HELLO"
     assert results["flaky"] == {
-        "status": "SUCCESSFUL", "value": 3, "attempts": 3, "finished": True,
-        "errors": [["builtins.RuntimeError", "RuntimeError: run 1 fails"],
-                   ["builtins.RuntimeError", "RuntimeError: run 2 fails"]],
+        "status": "SUCCESSFUL",
+        "value": 3,
+        "attempts": 3,
+        "finished": True,
+        "errors": [
+            ["builtins.RuntimeError", "RuntimeError: run 1 fails"],
+            ["builtins.RuntimeError", "RuntimeError: run 2 fails"],
+        ],
     }
     assert results["broken"] == {
-        "status": "FAILED", "value": None, "attempts": 3, "finished": True,
+        "status": "FAILED",
+        "value": None,
+        "attempts": 3,
+        "finished": True,
         "errors": [["builtins.ValueError", "ValueError: always broken"]] * 3,
     }
     assert json.loads(run("dead_letters.py", *ids.values())) == [int(ids["broken"])]
     # Nothing is left for a worker to do.
     run("-m", "django", "runworker", "--burst")
     assert (path / "counter").read_text() == "3"
-

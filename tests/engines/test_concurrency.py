@@ -1,4 +1,5 @@
 """Real processes against the real database: no job lost, none run twice."""
+
 import multiprocessing
 import time
 
@@ -84,7 +85,8 @@ def test_a_claimer_holding_its_transaction_locks_only_the_jobs_it_took(vendor):
         pytest.skip("SQLite serialises writers with the database lock; there are no row locks to share")
     import threading
 
-    from django.db import connections as conns, transaction as tx
+    from django.db import connections as conns
+    from django.db import transaction as tx
 
     jobs = bulk_enqueue([{"kind": "echo", "priority": 5 - i} for i in range(20)])
     held, release, got = threading.Event(), threading.Event(), {}

@@ -1,5 +1,6 @@
 """Fault injection: decisions that are the same on every run, each fault in this process,
 and each fault meeting a real worker (a forked runworker) on the test database."""
+
 import asyncio
 import multiprocessing
 import os
@@ -13,12 +14,12 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from queue_app import bulk_enqueue, enqueue
-from queue_app.handlers import faults
-from queue_app.handlers import registry
-from queue_app.worker.execution import run_one
+from queue_app.handlers import faults, registry
 from queue_app.models import EventType, Job, State
+from queue_app.worker.execution import run_one
 from tests import sample_handlers as handlers
 from tests import sample_tasks as tasks
+from tests.support import event_types as events
 from tests.worker_support import ROOT, lease_settings, run_worker
 
 
@@ -48,10 +49,14 @@ def test_decisions_are_the_same_in_another_process_with_another_hash_seed():
         "print([(d.fault, round(d.delay, 9)) for d in (plan.decide(j, 1) for j in range(50))])\n"
     )
     env = {**os.environ, "PYTHONHASHSEED": "12345", "DJANGO_SETTINGS_MODULE": "jobqueue_project.settings"}
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True
+    )
     plan = faults.FaultPlan(seed="demo", error=0.3, crash=0.2, delay=(0.1, 0.5), delay_rate=0.5)
 
-    assert out.stdout.strip() == str([(d.fault, round(d.delay, 9)) for d in (plan.decide(j, 1) for j in range(50))])
+    assert out.stdout.strip() == str(
+        [(d.fault, round(d.delay, 9)) for d in (plan.decide(j, 1) for j in range(50))]
+    )
 
 
 def test_different_seeds_fault_different_jobs():
@@ -102,16 +107,19 @@ def test_delay_range_draws_each_attempts_wait_between_its_bounds():
     assert min(waits) < 0.11 and max(waits) > 0.29
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"error": 1.5}, "error must be a rate between 0 and 1"),
-    ({"crash": -0.1}, "crash must be a rate"),
-    ({"error": 0.6, "crash": 0.5}, "must not exceed 1"),
-    ({"delay": (0.3, 0.1)}, "low <= high"),
-    ({"delay": -1}, "delay must be seconds"),
-    ({"attempts": {0}}, "attempt numbers"),
-    ({"stall_seconds": 0}, "stall_seconds must be positive"),
-    ({"exception": "ValueError"}, "exception must be an exception class"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"error": 1.5}, "error must be a rate between 0 and 1"),
+        ({"crash": -0.1}, "crash must be a rate"),
+        ({"error": 0.6, "crash": 0.5}, "must not exceed 1"),
+        ({"delay": (0.3, 0.1)}, "low <= high"),
+        ({"delay": -1}, "delay must be seconds"),
+        ({"attempts": {0}}, "attempt numbers"),
+        ({"stall_seconds": 0}, "stall_seconds must be positive"),
+        ({"exception": "ValueError"}, "exception must be an exception class"),
+    ],
+)
 def test_impossible_plans_are_refused(options, message):
     with pytest.raises(ValueError, match=message):
         faults.FaultPlan(**options)
@@ -221,9 +229,12 @@ def test_task_wrapped_stays_a_task_and_its_job_meets_the_fault():
 
 
 def test_faults_setting_wraps_the_registered_handler(settings):
-    settings.JOBQUEUE = {**settings.JOBQUEUE, "FAULTS": {
-        "echo": {"seed": 5, "error": 1.0, "exception": "tests.sample_handlers.Boom", "attempts": [1]},
-    }}
+    settings.JOBQUEUE = {
+        **settings.JOBQUEUE,
+        "FAULTS": {
+            "echo": {"seed": 5, "error": 1.0, "exception": "tests.sample_handlers.Boom", "attempts": [1]},
+        },
+    }
 
     registry.load_configured_handlers()
 
@@ -248,12 +259,15 @@ def test_faults_setting_wraps_a_kind_registered_after_start_up_and_registered_ag
         registry.unregister("late")
 
 
-@pytest.mark.parametrize("spec, message", [
-    ({"echo": {"error": 2}}, r"\['echo'\]: error must be a rate"),
-    ({"echo": {"eror": 0.1}}, r"\['echo'\]: .*unexpected keyword argument 'eror'"),
-    ({"echo": 0.1}, r"must be a dict of FaultPlan options"),
-    ({"echo": {"exception": "tests.sample_handlers.Nope"}}, r"\['echo'\]: .*Nope"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ({"echo": {"error": 2}}, r"\['echo'\]: error must be a rate"),
+        ({"echo": {"eror": 0.1}}, r"\['echo'\]: .*unexpected keyword argument 'eror'"),
+        ({"echo": 0.1}, r"must be a dict of FaultPlan options"),
+        ({"echo": {"exception": "tests.sample_handlers.Nope"}}, r"\['echo'\]: .*Nope"),
+    ],
+)
 def test_faults_setting_with_a_mistake_says_where(settings, spec, message):
     settings.JOBQUEUE = {**settings.JOBQUEUE, "FAULTS": spec}
 
@@ -262,10 +276,6 @@ def test_faults_setting_with_a_mistake_says_where(settings, spec, message):
 
 
 # --- real worker processes --------------------------------------------------------------------
-
-
-def events(job):
-    return list(job.events.values_list("type", flat=True))
 
 
 @pytest.mark.django_db(transaction=True)
@@ -283,7 +293,11 @@ def test_crash_on_the_first_attempt_kills_the_child_and_the_retry_completes(sett
     assert failed.metadata["error"]["type"] == "WorkerCrashed"
     assert "exited with code 70" in failed.message
     assert events(job) == [
-        EventType.ENQUEUED, EventType.CLAIMED, EventType.FAILED, EventType.CLAIMED, EventType.COMPLETED,
+        EventType.ENQUEUED,
+        EventType.CLAIMED,
+        EventType.FAILED,
+        EventType.CLAIMED,
+        EventType.COMPLETED,
     ]
 
 
@@ -301,7 +315,11 @@ def test_stall_past_the_jobs_timeout_fails_with_a_timeout_then_retries_and_dead_
     assert job.last_error["type"] == "TimeoutError"
     assert "0.3s timeout" in job.last_error["message"]
     assert events(job) == [
-        EventType.ENQUEUED, EventType.CLAIMED, EventType.FAILED, EventType.CLAIMED, EventType.DEAD_LETTERED,
+        EventType.ENQUEUED,
+        EventType.CLAIMED,
+        EventType.FAILED,
+        EventType.CLAIMED,
+        EventType.DEAD_LETTERED,
     ]
     assert job.events.get(type=EventType.FAILED).metadata["error"]["type"] == "TimeoutError"
 

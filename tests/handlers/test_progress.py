@@ -1,5 +1,6 @@
 """Progress and metadata reported by running handlers: stored on the job (no events),
 throttled, visible while the job runs and afterwards in history, admin, dashboard, API."""
+
 import time
 from pathlib import Path
 
@@ -11,12 +12,12 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from queue_app import current_job, enqueue
-from queue_app.worker import execution
-from queue_app.ops import reads as inspection
-from queue_app.handlers import registry
-from queue_app.handlers import context as running
 from queue_app.exceptions import InvalidJob
+from queue_app.handlers import context as running
+from queue_app.handlers import registry
 from queue_app.models import EventType, Job, State
+from queue_app.ops import reads as inspection
+from queue_app.worker import execution
 from tests.factories import JobFactory
 from tests.worker_support import lease_settings, start_worker, stop, wait_for
 
@@ -71,8 +72,9 @@ def test_progress_of_a_running_job_is_visible_from_another_connection_and_in_his
         )
         assert (seen.progress_message, seen.metadata) == ("halfway", {"rows": 3, "source": "s3"})
         go.write_text("go")
-        wait_for(lambda: Job.objects.filter(id=job.id, state=State.COMPLETED).exists(),
-                 what="the job to finish")
+        wait_for(
+            lambda: Job.objects.filter(id=job.id, state=State.COMPLETED).exists(), what="the job to finish"
+        )
     finally:
         assert stop(proc) == 0
     data = inspection.history(job.id)["job"]
@@ -80,7 +82,9 @@ def test_progress_of_a_running_job_is_visible_from_another_connection_and_in_his
     assert data["metadata"] == {"rows": 7, "source": "s3"}
     # Progress is not a transition: no event for it.
     assert list(Job.objects.get(id=job.id).events.values_list("type", flat=True)) == [
-        EventType.ENQUEUED, EventType.CLAIMED, EventType.COMPLETED,
+        EventType.ENQUEUED,
+        EventType.CLAIMED,
+        EventType.COMPLETED,
     ]
     call_command("history", str(job.id))
     out = capsys.readouterr().out

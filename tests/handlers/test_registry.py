@@ -1,14 +1,15 @@
 """registry: which modules a django.tasks kind may import, and what a failing import does."""
+
 import sys
 
 import pytest
 
+from jobqueue_project import tasks as project_tasks
 from queue_app.core import enqueueing
 from queue_app.handlers import registry
-from queue_app.worker.execution import run_one
-from queue_app.models import DeadLetter, State
 from queue_app.handlers.registry import UnknownTask
-from jobqueue_project import tasks as project_tasks
+from queue_app.models import DeadLetter, State
+from queue_app.worker.execution import run_one
 
 TASK_SOURCE = "from django.tasks import task\n\n\n@task\ndef hello():\n    return 'hi'\n"
 
@@ -46,7 +47,9 @@ def test_by_default_task_modules_are_the_installed_apps_and_the_project_package(
 
 
 @pytest.mark.django_db
-def test_a_kind_outside_task_modules_is_dead_lettered_without_importing_its_module(settings, package, tmp_path):
+def test_a_kind_outside_task_modules_is_dead_lettered_without_importing_its_module(
+    settings, package, tmp_path
+):
     marker = tmp_path / "imported"
     package("jq_sec_outside", f"open({str(marker)!r}, 'w').close()\n" + TASK_SOURCE)
     modules(settings, None)

@@ -1,5 +1,6 @@
 """The operator's commands through call_command, and bad input through real
 `manage.py` subprocesses: exit status 2, a one-line message, nothing written."""
+
 import json
 import re
 from datetime import datetime, timedelta
@@ -13,7 +14,18 @@ from django.utils import timezone
 import queue_app.management.commands
 from queue_app import enqueue
 from queue_app.core import transitions
-from queue_app.models import ApiKey, DeadLetter, Event, EventType, Job, KindLimit, Pause, Schedule, State, Worker
+from queue_app.models import (
+    ApiKey,
+    DeadLetter,
+    Event,
+    EventType,
+    Job,
+    KindLimit,
+    Pause,
+    Schedule,
+    State,
+    Worker,
+)
 from tests.factories import DeadLetterFactory
 from tests.worker_support import manage
 
@@ -26,14 +38,19 @@ def run(*args, **options):
     return out.getvalue()
 
 
-COMMANDS = sorted(p.stem for p in Path(queue_app.management.commands.__file__).parent.glob("*.py")
-                  if not p.stem.startswith("_"))
+COMMANDS = sorted(
+    p.stem
+    for p in Path(queue_app.management.commands.__file__).parent.glob("*.py")
+    if not p.stem.startswith("_")
+)
 
 
 def dump():
     """Every row the queue owns, to compare before and after a refused command."""
-    return [list(model.objects.order_by("pk").values())
-            for model in (Job, Event, DeadLetter, KindLimit, Pause, Schedule, Worker, ApiKey)]
+    return [
+        list(model.objects.order_by("pk").values())
+        for model in (Job, Event, DeadLetter, KindLimit, Pause, Schedule, Worker, ApiKey)
+    ]
 
 
 def help_text(name):
@@ -43,7 +60,9 @@ def help_text(name):
 def dead_job(kind="email", payload=None):
     job = enqueue(kind, payload or {"to": "nobody"}, max_attempts=1, queue_name="graveyard")
     [claimed] = transitions.claim("w", limit=1, queues=["graveyard"])
-    transitions.fail(claimed.id, worker_id="w", attempt=1, error={"type": "ValueError", "message": "bad", "traceback": ""})
+    transitions.fail(
+        claimed.id, worker_id="w", attempt=1, error={"type": "ValueError", "message": "bad", "traceback": ""}
+    )
     job.refresh_from_db()
     return job
 
@@ -52,11 +71,30 @@ def dead_job(kind="email", payload=None):
 
 
 def test_enqueue_with_flags_prints_the_new_job_id():
-    out = run("enqueue", "--kind", "email", "--payload", '{"to": "user@example.com"}', "--priority", "20",
-              "--queue", "mail", "--max-attempts", "5", "--timeout", "2m")
+    out = run(
+        "enqueue",
+        "--kind",
+        "email",
+        "--payload",
+        '{"to": "user@example.com"}',
+        "--priority",
+        "20",
+        "--queue",
+        "mail",
+        "--max-attempts",
+        "5",
+        "--timeout",
+        "2m",
+    )
     job = Job.objects.get()
     assert f"enqueued job {job.id}" in out
-    assert (job.kind, job.queue_name, job.priority, job.max_attempts, job.timeout) == ("email", "mail", 20, 5, 120.0)
+    assert (job.kind, job.queue_name, job.priority, job.max_attempts, job.timeout) == (
+        "email",
+        "mail",
+        20,
+        5,
+        120.0,
+    )
     assert job.payload == {"to": "user@example.com"}
 
 
@@ -70,8 +108,11 @@ def test_enqueue_run_after_and_run_at_schedule_the_job():
 
 
 def test_enqueue_json_document_form_takes_the_same_fields():
-    run("enqueue", '{"kind": "report", "payload": {"values": [1, 2]}, "queue": "reports", '
-                   '"priority": -5, "run_after": "30s", "idempotency_key": "r1"}')
+    run(
+        "enqueue",
+        '{"kind": "report", "payload": {"values": [1, 2]}, "queue": "reports", '
+        '"priority": -5, "run_after": "30s", "idempotency_key": "r1"}',
+    )
     job = Job.objects.get()
     assert (job.kind, job.queue_name, job.priority, job.idempotency_key) == ("report", "reports", -5, "r1")
     assert job.run_at > job.created_at + timedelta(seconds=29)
@@ -79,12 +120,23 @@ def test_enqueue_json_document_form_takes_the_same_fields():
 
 def test_enqueue_takes_follow_ups_and_a_webhook_as_flags_and_in_the_document(settings):
     settings.JOBQUEUE = {**settings.JOBQUEUE, "WEBHOOK_ALLOWED_HOSTS": ["hooks.example.com"]}
-    run("enqueue", "--kind", "report",
-        "--on-success", '{"kind": "email", "payload": {"to": "boss@example.com"}, "priority": 5}',
-        "--on-failure", '{"kind": "alert"}', "--webhook-url", "https://hooks.example.com/jobs")
-    run("enqueue", '{"kind": "report", "on_success": {"kind": "email"}, '
-                   '"on_failure": {"kind": "alert", "payload": {"team": "ops"}}, '
-                   '"webhook_url": "https://hooks.example.com/other"}')
+    run(
+        "enqueue",
+        "--kind",
+        "report",
+        "--on-success",
+        '{"kind": "email", "payload": {"to": "boss@example.com"}, "priority": 5}',
+        "--on-failure",
+        '{"kind": "alert"}',
+        "--webhook-url",
+        "https://hooks.example.com/jobs",
+    )
+    run(
+        "enqueue",
+        '{"kind": "report", "on_success": {"kind": "email"}, '
+        '"on_failure": {"kind": "alert", "payload": {"team": "ops"}}, '
+        '"webhook_url": "https://hooks.example.com/other"}',
+    )
     flags, document = Job.objects.order_by("id")
     assert flags.on_success == {"kind": "email", "payload": {"to": "boss@example.com"}, "priority": 5}
     assert (flags.on_failure, flags.webhook_url) == ({"kind": "alert"}, "https://hooks.example.com/jobs")
@@ -99,7 +151,9 @@ def test_enqueue_unique_for_dedupes_a_key_only_within_the_window_as_a_flag_and_i
 
     within = run("enqueue", '{"kind": "digest", "idempotency_key": "d:1", "unique_for": "3h"}')
     assert f"matched existing job {first['id']}" in within
-    after = json.loads(run("enqueue", "--kind", "digest", "--idempotency-key", "d:1", "--unique-for", "1h", "--json"))
+    after = json.loads(
+        run("enqueue", "--kind", "digest", "--idempotency-key", "d:1", "--unique-for", "1h", "--json")
+    )
     assert after["created"] is True and after["job"]["id"] != first["id"]
     assert Job.objects.count() == 2
 
@@ -139,11 +193,20 @@ def test_enqueue_command_is_refused_unless_shell_jobs_are_enabled(settings):
         (["--kind", "email", "--unique-for", "soon"], "invalid duration 'soon'"),
         (["--kind", "email", "--on-success", "{bad"], "--on-success is not valid JSON"),
         (["--kind", "email", "--on-success", "[1]"], "on_success must be a dict with a kind"),
-        (["--kind", "email", "--on-failure", '{"kind": "alert", "colour": 1}'], "on_failure: unknown field(s) colour"),
+        (
+            ["--kind", "email", "--on-failure", '{"kind": "alert", "colour": 1}'],
+            "on_failure: unknown field(s) colour",
+        ),
         (["--kind", "email", "--on-failure", '{"kind": "alert", "priority": 500}'], "on_failure: priority"),
         (["--kind", "email", "--webhook-url", "ftp://hooks.example.com/x"], "must be http or https"),
-        (["--kind", "email", "--webhook-url", "https://hooks.example.com/x"], "not in the WEBHOOK_ALLOWED_HOSTS"),
-        (['{"kind": "email", "unique_for": "soon", "idempotency_key": "k"}'], '"unique_for": invalid duration'),
+        (
+            ["--kind", "email", "--webhook-url", "https://hooks.example.com/x"],
+            "not in the WEBHOOK_ALLOWED_HOSTS",
+        ),
+        (
+            ['{"kind": "email", "unique_for": "soon", "idempotency_key": "k"}'],
+            '"unique_for": invalid duration',
+        ),
         (['{"kind": "email", "on_success": "email"}'], "on_success must be a dict with a kind"),
         (['{"kind": "email", "webhook_url": "nope"}'], "must be http or https"),
         (['{"kind": "email"}', "--webhook-url", "https://hooks.example.com/x"], "not both"),
@@ -196,13 +259,26 @@ def test_history_shows_every_event_and_each_attempts_error():
     for attempt in (1, 2):
         transitions.retry_now(job.id)
         transitions.claim("w", limit=1)
-        transitions.fail(job.id, worker_id="w", attempt=attempt,
-                         error={"type": "ValueError", "message": f"bad {attempt}", "traceback": "Traceback: here"})
+        transitions.fail(
+            job.id,
+            worker_id="w",
+            attempt=attempt,
+            error={"type": "ValueError", "message": f"bad {attempt}", "traceback": "Traceback: here"},
+        )
     data = json.loads(run("history", str(job.id), "--json"))
     assert [e["type"] for e in data["events"]] == [
-        "enqueued", "rescheduled", "claimed", "failed", "rescheduled", "claimed", "dead_lettered"]
+        "enqueued",
+        "rescheduled",
+        "claimed",
+        "failed",
+        "rescheduled",
+        "claimed",
+        "dead_lettered",
+    ]
     assert [(a["attempt"], a["outcome"], a["error"]["message"]) for a in data["attempts"]] == [
-        (1, "failed", "bad 1"), (2, "dead_lettered", "bad 2")]
+        (1, "failed", "bad 1"),
+        (2, "dead_lettered", "bad 2"),
+    ]
     text = run("history", str(job.id))
     assert "ValueError: bad 2" in text and "Traceback: here" in text and "dead_lettered" in text
 
@@ -222,7 +298,11 @@ def test_requeue_with_a_corrected_payload_and_budget():
     job.refresh_from_db()
     assert "payload replaced" in out
     assert (job.state, job.payload, job.max_attempts, job.attempts) == (
-        State.PENDING, {"to": "fixed@example.com"}, 4, 0)
+        State.PENDING,
+        {"to": "fixed@example.com"},
+        4,
+        0,
+    )
     assert job.events.last().type == EventType.REQUEUED
     assert DeadLetter.objects.get(job=job).resolution == "requeued"
 
@@ -241,7 +321,9 @@ def test_requeue_all_matching_requeues_only_matching_dead_jobs_with_yes():
     report = dead_job("report")
     out = run("requeue", "--all-matching", "--kind", "email", "--yes")
     assert "requeued 3 jobs" in out
-    assert set(Job.objects.filter(id__in=[j.id for j in emails]).values_list("state", flat=True)) == {State.PENDING}
+    assert set(Job.objects.filter(id__in=[j.id for j in emails]).values_list("state", flat=True)) == {
+        State.PENDING
+    }
     report.refresh_from_db()
     assert report.state == State.DEAD_LETTER
 
@@ -301,22 +383,69 @@ def test_enqueue_json_is_created_and_the_job_with_the_keys_its_help_names():
     assert set(data) == {"created", "job"} and data["created"] is True
     job = data["job"]
     assert set(job) == {
-        "id", "kind", "queue", "state", "status", "priority", "payload", "attempts", "max_attempts",
-        "idempotency_key", "concurrency_key", "run_at", "created_at", "started_at", "finished_at", "lease_owner",
-        "lease_expires_at", "timeout", "result", "last_error", "progress", "progress_message", "metadata",
-        "cancel_requested_at"}
-    assert (type(job["id"]), job["kind"], job["state"], job["payload"]) == (int, "email", "pending", {"to": "a@example.com"})
+        "id",
+        "kind",
+        "queue",
+        "state",
+        "status",
+        "priority",
+        "payload",
+        "attempts",
+        "max_attempts",
+        "idempotency_key",
+        "concurrency_key",
+        "run_at",
+        "created_at",
+        "started_at",
+        "finished_at",
+        "lease_owner",
+        "lease_expires_at",
+        "timeout",
+        "result",
+        "last_error",
+        "progress",
+        "progress_message",
+        "metadata",
+        "cancel_requested_at",
+    }
+    assert (type(job["id"]), job["kind"], job["state"], job["payload"]) == (
+        int,
+        "email",
+        "pending",
+        {"to": "a@example.com"},
+    )
     assert datetime.fromisoformat(job["run_at"])
     documented("enqueue", [*data, *job])
 
 
 def test_workers_json_is_a_list_of_workers_with_the_keys_its_help_names():
-    Worker.objects.create(name="w1", host="h", pid=42, queues=["*"], kinds=["email"], stop_requested_at=timezone.now())
+    Worker.objects.create(
+        name="w1", host="h", pid=42, queues=["*"], kinds=["email"], stop_requested_at=timezone.now()
+    )
     [row] = json.loads(run("workers", "--json"))
-    assert set(row) == {"name", "host", "pid", "status", "queues", "kinds", "concurrency", "threads",
-                        "jobs_in_hand", "jobs_done", "started_at", "heartbeat_age", "stop_requested"}
+    assert set(row) == {
+        "name",
+        "host",
+        "pid",
+        "status",
+        "queues",
+        "kinds",
+        "concurrency",
+        "threads",
+        "jobs_in_hand",
+        "jobs_done",
+        "started_at",
+        "heartbeat_age",
+        "stop_requested",
+    }
     assert (row["name"], row["pid"], row["status"], row["queues"], row["kinds"], row["stop_requested"]) == (
-        "w1", 42, "running", ["*"], ["email"], True)
+        "w1",
+        42,
+        "running",
+        ["*"],
+        ["email"],
+        True,
+    )
     assert isinstance(row["heartbeat_age"], float)
     assert datetime.fromisoformat(row["started_at"])
     documented("workers", row)
@@ -372,8 +501,8 @@ def test_bad_input_is_refused_with_status_2_and_leaves_the_database_unchanged(ar
 
 def a_row_in_every_table():
     """A row in each table dump() compares, so that a refused command has something to change."""
-    from queue_app.web import auth as api_auth
     from queue_app.core import flow
+    from queue_app.web import auth as api_auth
 
     flow.set_limit("email", concurrency=2)
     flow.pause(kind="report", actor="test")
@@ -388,7 +517,10 @@ def a_row_in_every_table():
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["enqueue", "--kind", "email", "--run-at", "2030-01-01T00:00:00Z", "--run-after", "5s"], "not allowed with"),
+        (
+            ["enqueue", "--kind", "email", "--run-at", "2030-01-01T00:00:00Z", "--run-after", "5s"],
+            "not allowed with",
+        ),
         (["history", "987654"], "does not exist"),
         (["enqueue", "--kind", "email", "--webhook-url", "ftp://x.example.com/"], "must be http or https"),
         (["runworker", "--poll", "0"], "invalid duration '0': must be longer than 0"),

@@ -1,4 +1,5 @@
 """The demo, run for real once: its transcript tells each scenario's outcome."""
+
 import os
 import subprocess
 import sys
@@ -10,8 +11,11 @@ from django.db import connection
 from tests.worker_support import ROOT
 
 # Whatever database the suite runs on, the demo makes its own (SQLite) one.
-env = {k: v for k, v in os.environ.items()
-       if k not in ("DATABASE_URL", "SQLITE_TEST_NAME") and not k.startswith("JOBQUEUE_")}
+env = {
+    k: v
+    for k, v in os.environ.items()
+    if k not in ("DATABASE_URL", "SQLITE_TEST_NAME") and not k.startswith("JOBQUEUE_")
+}
 
 
 @pytest.mark.skipif(
@@ -21,7 +25,11 @@ env = {k: v for k, v in os.environ.items()
 def test_demo_tells_the_whole_story_on_a_throwaway_database():
     done = subprocess.run(
         [sys.executable, str(ROOT / "manage.py"), "demo"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     out = done.stdout + done.stderr
     assert done.returncode == 0, out

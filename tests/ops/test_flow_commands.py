@@ -1,4 +1,5 @@
 """manage.py pause / resume / limits."""
+
 from io import StringIO
 
 import pytest

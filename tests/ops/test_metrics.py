@@ -6,9 +6,9 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from queue_app import enqueue
-from queue_app.ops import metrics
 from queue_app.core import transitions
 from queue_app.models import Event, EventType, MetricsCheckpoint, State, Worker, WorkerState
+from queue_app.ops import metrics
 from tests.factories import DeadLetterFactory, EventFactory, JobFactory
 
 pytestmark = pytest.mark.django_db
@@ -37,7 +37,9 @@ def scrape(client=None, **headers):
 
 def value(families, family, sample_name=None, **labels):
     for s in families[family].samples:
-        if (sample_name is None or s.name == sample_name) and all(s.labels.get(k) == v for k, v in labels.items()):
+        if (sample_name is None or s.name == sample_name) and all(
+            s.labels.get(k) == v for k, v in labels.items()
+        ):
             return s.value
     raise AssertionError(f"no sample {family} {labels}")
 
@@ -55,7 +57,9 @@ def test_an_empty_queue_exports_every_family_with_explicit_zeros(client):
         assert value(fams, "jobqueue_workers", state=state) == 0
     assert value(fams, "jobqueue_oldest_pending_seconds") == 0
     assert value(fams, "jobqueue_dead_letters") == 0
-    assert value(fams, "jobqueue_job_duration_seconds", "jobqueue_job_duration_seconds_count", kind="echo") == 0
+    assert (
+        value(fams, "jobqueue_job_duration_seconds", "jobqueue_job_duration_seconds_count", kind="echo") == 0
+    )
 
 
 def test_job_gauges_count_by_state_kind_and_queue():

@@ -1,13 +1,14 @@
 """/metrics checked by Prometheus' own linter, `promtool check metrics` (Debian package
 prometheus); skipped where promtool is not installed."""
+
 import shutil
 import subprocess
 
 import pytest
 
 from queue_app import enqueue
-from queue_app.worker.execution import run_one
 from queue_app.models import Worker
+from queue_app.worker.execution import run_one
 from tests.factories import DeadLetterFactory, JobFactory
 
 PROMTOOL = shutil.which("promtool")
@@ -19,7 +20,9 @@ pytestmark = [
 
 
 def promtool_check(text):
-    return subprocess.run([PROMTOOL, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [PROMTOOL, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_promtool_accepts_the_metrics_of_a_busy_queue(client):

@@ -1,4 +1,5 @@
 """prune: old finished jobs go with their events; live jobs and (by default) dead letters stay."""
+
 from datetime import timedelta
 from io import StringIO
 
@@ -6,10 +7,9 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from queue_app.ops import maintenance
-from queue_app.ops import metrics
 from queue_app.exceptions import InvalidJob
 from queue_app.models import DeadLetter, Event, EventCount, Job, State
+from queue_app.ops import maintenance, metrics
 from tests.factories import DeadLetterFactory, EventFactory, JobFactory
 
 pytestmark = pytest.mark.django_db
@@ -64,10 +64,13 @@ def test_prune_counts_events_into_the_metrics_before_deleting_them():
     assert EventCount.objects.get(type="enqueued").count == 4
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--older-than", "7d", "--state", "leased"], "cannot prune leased"),
-    (["--older-than", "soon"], "invalid duration"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--older-than", "7d", "--state", "leased"], "cannot prune leased"),
+        (["--older-than", "soon"], "invalid duration"),
+    ],
+)
 def test_prune_refuses_bad_input_and_deletes_nothing(args, message):
     finished(State.COMPLETED, 8)
     with pytest.raises(CommandError, match=message):

@@ -1,13 +1,13 @@
 """seed: three idempotent jobs per sample workload; twice adds nothing; they run."""
+
 from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
 
-from queue_app.ops import fixtures
-from queue_app.ops import samples
-from queue_app.worker.execution import run_one
 from queue_app.models import Job, State
+from queue_app.ops import fixtures, samples
+from queue_app.worker.execution import run_one
 
 pytestmark = pytest.mark.django_db
 

@@ -1,4 +1,5 @@
 """The django.tasks backend: enqueue, results, validation, system checks, transactions."""
+
 import threading
 from datetime import datetime, timedelta
 
@@ -13,8 +14,8 @@ from django.tasks.signals import task_enqueued
 from django.utils import timezone
 
 from queue_app.core import enqueueing
-from queue_app.tasks.backend import DatabaseBackend, QueueTask, with_options
 from queue_app.models import Event, Job
+from queue_app.tasks.backend import DatabaseBackend, QueueTask, with_options
 from tests import sample_tasks as tasks
 
 BACKEND = "queue_app.backends.DatabaseBackend"
@@ -114,8 +115,13 @@ def test_an_idempotency_key_returns_the_live_job_instead_of_a_second_one():
 
 @pytest.mark.django_db
 def test_a_concurrency_key_is_a_per_call_task_option():
-    assert job_of(tasks.add.using(concurrency_key="customer:42").enqueue(1, 2)).concurrency_key == "customer:42"
-    assert job_of(with_options(tasks.noop, concurrency_key="customer:7").enqueue()).concurrency_key == "customer:7"
+    assert (
+        job_of(tasks.add.using(concurrency_key="customer:42").enqueue(1, 2)).concurrency_key == "customer:42"
+    )
+    assert (
+        job_of(with_options(tasks.noop, concurrency_key="customer:7").enqueue()).concurrency_key
+        == "customer:7"
+    )
     assert job_of(tasks.add.enqueue(1, 2)).concurrency_key is None
 
 
@@ -153,8 +159,17 @@ def test_with_options_gives_any_task_our_options():
         (lambda: with_options(tasks.noop, concurrency_key=""), "concurrency_key must be a non-empty string"),
         (lambda: tasks.add.using(run_after=datetime(2030, 1, 1)), "run_after must be an aware datetime"),
         # Every field spelled out: Django 6.0's Task has no defaults for them.
-        (lambda: QueueTask(func=tasks.add.func, takes_context=True, priority=0, backend="default",
-                           queue_name="default", run_after=None), "first argument of 'context'"),
+        (
+            lambda: QueueTask(
+                func=tasks.add.func,
+                takes_context=True,
+                priority=0,
+                backend="default",
+                queue_name="default",
+                run_after=None,
+            ),
+            "first argument of 'context'",
+        ),
     ],
 )
 def test_validate_task_refuses_what_the_queue_cannot_run(make, message):
@@ -281,7 +296,7 @@ def second_alias(settings):
     """
     config = dict(connections.settings["default"])
     conn = load_backend(config["ENGINE"]).DatabaseWrapper(config, "second")
-    setattr(connections._connections, "second", conn)
+    connections._connections.second = conn
     settings.TASKS = {
         "default": {"BACKEND": BACKEND},
         "other": {"BACKEND": BACKEND, "OPTIONS": {"database": "second"}},
@@ -405,7 +420,6 @@ def test_enqueue_inside_a_rolled_back_atomic_leaves_nothing(enqueued_signals):
         result.refresh()
 
 
-
 # --- backoff as a task option -----------------------------------------------------------------
 
 
@@ -422,9 +436,15 @@ def test_a_backoff_dict_from_the_decorator_reaches_the_row():
 def test_using_sets_backoff_per_call_as_a_base_a_dict_or_one_field():
     assert backoff_of(job_of(tasks.with_backoff.using(backoff=3).enqueue())) == (3.0, 60.0, False)
     assert backoff_of(job_of(tasks.add.using(backoff={"max": 90, "jitter": True}).enqueue(1, 2))) == (
-        None, 90.0, True,
+        None,
+        90.0,
+        True,
     )
-    assert backoff_of(job_of(tasks.add.using(backoff_max=timedelta(minutes=2)).enqueue(1, 2))) == (None, 120.0, None)
+    assert backoff_of(job_of(tasks.add.using(backoff_max=timedelta(minutes=2)).enqueue(1, 2))) == (
+        None,
+        120.0,
+        None,
+    )
     # Untouched by a plain .using(): the task's own backoff stays.
     assert backoff_of(job_of(tasks.with_backoff.using(priority=3).enqueue())) == (5.0, 60.0, False)
 
@@ -449,8 +469,8 @@ def test_backend_options_give_a_default_backoff_that_a_task_overrides(settings):
 @pytest.mark.django_db
 def test_a_task_retries_on_its_own_backoff(settings):
     from queue_app.core import transitions
-    from queue_app.worker.execution import run_one
     from queue_app.models import EventType
+    from queue_app.worker.execution import run_one
 
     settings.JOBQUEUE = {**settings.JOBQUEUE, "BACKOFF_BASE": 2, "BACKOFF_JITTER": False}
     result = tasks.fail.using(backoff={"base": 9, "max": 50}, max_attempts=3).enqueue()
@@ -489,7 +509,8 @@ def test_a_bad_backend_backoff_is_refused_at_enqueue_and_nothing_is_written(sett
 
 
 @pytest.mark.parametrize(
-    "options", [{"backoff": 0}, {"backoff": "x"}, {"backoff": {"bass": 2}}, {"backoff": {"jitter": "on"}}],
+    "options",
+    [{"backoff": 0}, {"backoff": "x"}, {"backoff": {"bass": 2}}, {"backoff": {"jitter": "on"}}],
 )
 def test_checks_report_a_bad_backend_backoff(options):
     assert "queue_app.E007" in check_ids({"OPTIONS": options})
@@ -502,7 +523,9 @@ def test_checks_report_a_bad_backend_backoff(options):
 @pytest.mark.django_db
 def test_unique_for_dedupes_a_tasks_key_only_within_its_window():
     first = tasks.add.using(idempotency_key="sum:2", unique_for=60).enqueue(1, 2)
-    assert tasks.add.using(idempotency_key="sum:2", unique_for=timedelta(minutes=1)).enqueue(1, 2).id == first.id
+    assert (
+        tasks.add.using(idempotency_key="sum:2", unique_for=timedelta(minutes=1)).enqueue(1, 2).id == first.id
+    )
     Job.objects.filter(id=int(first.id)).update(created_at=timezone.now() - timedelta(seconds=61))
     later = tasks.add.using(idempotency_key="sum:2", unique_for=60).enqueue(1, 2)
     assert later.id != first.id
@@ -521,21 +544,38 @@ def test_unique_for_without_an_idempotency_key_is_refused_at_enqueue_and_nothing
 def test_follow_ups_from_the_decorator_reach_the_row_as_job_templates():
     job = job_of(tasks.double_then_after.enqueue(4))
     assert job.on_success == {
-        "kind": "tests.sample_tasks.after", "payload": {"args": [], "kwargs": {}}, "queue_name": "default", "priority": 0,
+        "kind": "tests.sample_tasks.after",
+        "payload": {"args": [], "kwargs": {}},
+        "queue_name": "default",
+        "priority": 0,
     }
-    assert job.on_failure == {"kind": "tests.sample_tasks.after", "payload": {"args": ["failed"], "kwargs": {}}}
+    assert job.on_failure == {
+        "kind": "tests.sample_tasks.after",
+        "payload": {"args": ["failed"], "kwargs": {}},
+    }
 
 
 @pytest.mark.django_db
 def test_a_follow_up_task_takes_its_own_priority_queue_and_options_into_its_template(queues):
-    follow = tasks.with_extras.using(priority=5, queue_name="emails", backoff={"base": 3, "max": timedelta(minutes=1)})
+    follow = tasks.with_extras.using(
+        priority=5, queue_name="emails", backoff={"base": 3, "max": timedelta(minutes=1)}
+    )
     job = job_of(tasks.add.using(on_failure=with_options(tasks.noop, on_success=follow)).enqueue(1, 2))
     assert job.on_success is None
     assert job.on_failure == {
-        "kind": "tests.sample_tasks.noop", "payload": {"args": [], "kwargs": {}}, "queue_name": "default", "priority": 0,
+        "kind": "tests.sample_tasks.noop",
+        "payload": {"args": [], "kwargs": {}},
+        "queue_name": "default",
+        "priority": 0,
         "on_success": {
-            "kind": "tests.sample_tasks.with_extras", "payload": {"args": [], "kwargs": {}}, "queue_name": "emails",
-            "priority": 5, "max_attempts": 7, "timeout": 12.5, "backoff_base": 3, "backoff_max": 60.0,
+            "kind": "tests.sample_tasks.with_extras",
+            "payload": {"args": [], "kwargs": {}},
+            "queue_name": "emails",
+            "priority": 5,
+            "max_attempts": 7,
+            "timeout": 12.5,
+            "backoff_base": 3,
+            "backoff_max": 60.0,
         },
     }
 
@@ -559,7 +599,10 @@ def test_a_webhook_url_is_a_task_option(settings):
         ({"on_failure": {"payload": {}}}, "on_failure must be a dict with a kind"),
         ({"on_success": {"kind": "no spaces"}}, "on_success: kind 'no spaces' may hold only"),
         ({"on_success": {"kind": "tests.sample_tasks.after", "colour": "red"}}, "on_success: unknown field"),
-        ({"on_success": {"kind": "tests.sample_tasks.after", "payload": [1]}}, "on_success.payload must be a dict"),
+        (
+            {"on_success": {"kind": "tests.sample_tasks.after", "payload": [1]}},
+            "on_success.payload must be a dict",
+        ),
         ({"on_failure": {"kind": "after", "max_attempts": 0}}, "on_failure: max_attempts 0 is out of range"),
         ({"webhook_url": "ftp://hooks.example.com/x"}, "webhook_url must be http or https"),
         ({"webhook_url": "https://elsewhere.example.org/x"}, "not in the WEBHOOK_ALLOWED_HOSTS setting"),

@@ -1,11 +1,12 @@
 """queue_app.tasks.backend.task: @task with our job options on Django 6.0 (no passthrough) as
 on 6.1. The suite runs on the pinned Django; this file's tests hold on either."""
+
 import pytest
 from django.tasks import Task
 
+from queue_app.models import Job
 from queue_app.tasks import backend as backends
 from queue_app.tasks.backend import QueueTask
-from queue_app.models import Job
 
 
 def report(day):
@@ -20,7 +21,11 @@ def test_backends_task_gives_djangos_arguments_to_django_and_ours_to_the_job():
 
     job = Job.objects.get(id=int(made.enqueue("mon").id))
     assert (job.kind, job.priority, job.max_attempts, job.timeout, job.backoff_base) == (
-        "tests.tasks.test_backends_compat.report", 3, 4, 2.0, 3.0,
+        "tests.tasks.test_backends_compat.report",
+        3,
+        4,
+        2.0,
+        3.0,
     )
     assert job.payload == {"args": ["mon"], "kwargs": {}}
 

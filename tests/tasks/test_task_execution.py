@@ -1,4 +1,5 @@
 """django.tasks functions running on our workers: results, errors, retries, context, signals."""
+
 import os
 import sys
 from datetime import timedelta
@@ -9,14 +10,13 @@ from django.tasks import TaskResultStatus, default_task_backend
 from django.tasks.signals import task_enqueued, task_finished, task_started
 from django.utils import timezone
 
-from queue_app.core import enqueueing
+from queue_app.core import enqueueing, transitions
 from queue_app.handlers import registry
-from queue_app.core import transitions
-from queue_app.tasks.backend import DatabaseBackend
-from queue_app.worker.execution import run_one
-from queue_app.models import DeadLetter, Job, State
 from queue_app.handlers.registry import UnknownTask
+from queue_app.models import DeadLetter, Job, State
+from queue_app.tasks.backend import DatabaseBackend
 from queue_app.tasks.results import LeaseExpired
+from queue_app.worker.execution import run_one
 from tests import sample_handlers as handlers
 from tests import sample_tasks as tasks
 
@@ -214,7 +214,9 @@ def test_a_worker_runs_tasks_and_their_results_say_so(worker_signals):
     assert tasks.echo.get_result(echoed.id).status == TaskResultStatus.SUCCESSFUL
     # The TaskContext carries the running attempt's TaskResult.
     assert tasks.attempt_number.get_result(context.id).return_value == {
-        "attempt": 1, "id": context.id, "workers": [worker_id],
+        "attempt": 1,
+        "id": context.id,
+        "workers": [worker_id],
     }
     # An async task, enqueued from async code, ran on an event loop in the worker.
     fetched = async_to_sync(tasks.async_add.aget_result)(awaited.id)
@@ -223,7 +225,8 @@ def test_a_worker_runs_tasks_and_their_results_say_so(worker_signals):
     seen = worker_signals()
     assert {pid for pid, *_ in seen} and all(int(pid) != os.getpid() for pid, *_ in seen)
     assert [(name, status) for _, job_id, name, status in seen if job_id == added.id] == [
-        ("started", "RUNNING"), ("finished", "SUCCESSFUL"),
+        ("started", "RUNNING"),
+        ("finished", "SUCCESSFUL"),
     ]
 
 
@@ -260,7 +263,9 @@ def test_a_worker_holds_a_deferred_task_until_its_run_after():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_worker_retries_a_task_whose_context_counts_attempts_and_records_each_error(settings, worker_signals):
+def test_a_worker_retries_a_task_whose_context_counts_attempts_and_records_each_error(
+    settings, worker_signals
+):
     from tests.worker_support import lease_settings
 
     settings.JOBQUEUE = lease_settings(BACKOFF_BASE=0.05)
@@ -274,9 +279,12 @@ def test_a_worker_retries_a_task_whose_context_counts_attempts_and_records_each_
     assert "TaskBoom: attempt 2" in flaky.errors[1].traceback
     # Each failed attempt's task_finished said READY (a retry is coming), the last SUCCESSFUL.
     assert [(name, status) for _, job_id, name, status in worker_signals() if job_id == flaky.id] == [
-        ("started", "RUNNING"), ("finished", "READY"),
-        ("started", "RUNNING"), ("finished", "READY"),
-        ("started", "RUNNING"), ("finished", "SUCCESSFUL"),
+        ("started", "RUNNING"),
+        ("finished", "READY"),
+        ("started", "RUNNING"),
+        ("finished", "READY"),
+        ("started", "RUNNING"),
+        ("finished", "SUCCESSFUL"),
     ]
 
 
@@ -340,7 +348,12 @@ def test_a_tasks_on_success_and_on_failure_follow_ups_run_on_the_worker():
     child = Job.objects.get(parent_id=int(done.id))
     assert default_task_backend.get_result(child.id).return_value == {
         "tag": "after",
-        "parent": {"id": int(done.id), "kind": "tests.sample_tasks.double_then_after", "state": "completed", "result": 8},
+        "parent": {
+            "id": int(done.id),
+            "kind": "tests.sample_tasks.double_then_after",
+            "state": "completed",
+            "result": 8,
+        },
         "error": None,
     }
     failed.refresh()
@@ -351,7 +364,12 @@ def test_a_tasks_on_success_and_on_failure_follow_ups_run_on_the_worker():
     assert (follow.args, follow.kwargs) == (["failed"], {})
     assert follow.return_value == {
         "tag": "failed",
-        "parent": {"id": int(failed.id), "kind": "tests.sample_tasks.double_then_after", "state": "dead_letter", "result": None},
+        "parent": {
+            "id": int(failed.id),
+            "kind": "tests.sample_tasks.double_then_after",
+            "state": "dead_letter",
+            "result": None,
+        },
         "error": "tests.sample_tasks.TaskBoom",
     }
 
@@ -409,7 +427,9 @@ def test_task_finished_comes_after_the_outcome_event_and_carries_the_rows_result
 
     def count_events(sender, task_result, **kwargs):
         events_at_finish.append(
-            list(Event.objects.filter(job_id=int(task_result.id)).order_by("id").values_list("type", flat=True))
+            list(
+                Event.objects.filter(job_id=int(task_result.id)).order_by("id").values_list("type", flat=True)
+            )
         )
 
     task_finished.connect(count_events, dispatch_uid="events_at_finish")
@@ -477,7 +497,10 @@ def test_task_finished_fires_only_once_the_outcome_is_committed():
 
 @pytest.mark.parametrize(
     ("task", "message"),
-    [(tasks.exits, "the handler raised SystemExit(3)"), (tasks.interrupts, "the handler raised KeyboardInterrupt()")],
+    [
+        (tasks.exits, "the handler raised SystemExit(3)"),
+        (tasks.interrupts, "the handler raised KeyboardInterrupt()"),
+    ],
 )
 def test_a_task_raising_system_exit_or_keyboard_interrupt_fails_its_attempt(task, message, signals):
     from queue_app.worker.execution import HandlerExit

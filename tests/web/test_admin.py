@@ -1,20 +1,20 @@
 """The admin through Django's test client: permissions, filters, search, and each
 action writing its event (or nothing, when refused)."""
+
 from datetime import timedelta
 
 import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from queue_app.ops import actions as operations
 from queue_app.models import DeadLetter, Event, Job, State, Worker
+from queue_app.ops import actions as operations
 from tests.factories import DeadLetterFactory, EventFactory, JobFactory, make_staff
+from tests.support import last_event
 
 pytestmark = pytest.mark.django_db
 
 CHANGELIST = "admin:queue_app_job_changelist"
-
-
 
 
 @pytest.fixture
@@ -25,7 +25,15 @@ def viewer(client):
 
 @pytest.fixture
 def operator(client):
-    perms = ["view_job", "change_job", "delete_job", "view_event", "view_deadletter", "view_worker", "change_worker"]
+    perms = [
+        "view_job",
+        "change_job",
+        "delete_job",
+        "view_event",
+        "view_deadletter",
+        "view_worker",
+        "change_worker",
+    ]
     client.force_login(make_staff("op", *[f"queue_app.{p}" for p in perms]))
     return client
 
@@ -48,10 +56,6 @@ def confirm(client, action, ids=(), query="", **extra):
 
 def shown_ids(response):
     return [job.id for job in response.context["cl"].result_list]
-
-
-def last_event(job):
-    return Event.objects.filter(job_id=job.id).order_by("-id").first()
 
 
 # --- access --------------------------------------------------------------------------------
@@ -105,7 +109,10 @@ def test_events_are_append_only_in_the_admin(operator):
     assert operator.get(reverse("admin:queue_app_event_add")).status_code == 403
     change = reverse("admin:queue_app_event_change", args=[event.id])
     assert operator.post(change, {"type": "completed"}).status_code == 403
-    assert operator.post(reverse("admin:queue_app_event_delete", args=[event.id]), {"post": "yes"}).status_code == 403
+    assert (
+        operator.post(reverse("admin:queue_app_event_delete", args=[event.id]), {"post": "yes"}).status_code
+        == 403
+    )
     assert Event.objects.get(id=event.id).type == "enqueued"
 
 
@@ -205,7 +212,9 @@ def test_change_priority_for_every_matching_job(operator):
         ("change_priority", "priority", "101", "out of range"),
     ],
 )
-def test_invalid_value_is_refused_with_a_message_and_nothing_written(operator, action, field, value, expected):
+def test_invalid_value_is_refused_with_a_message_and_nothing_written(
+    operator, action, field, value, expected
+):
     job = JobFactory(priority=1, payload={"keep": 1})
     response = confirm(operator, action, [job.id], **{field: value})
     text = response.content.decode()

@@ -4,9 +4,9 @@ import pytest
 from django.test import Client
 from openapi_spec_validator import validate
 
-from queue_app.web import auth as api_auth
 from queue_app.core import transitions
 from queue_app.models import Event, Job, Worker
+from queue_app.web import auth as api_auth
 from tests.factories import DeadLetterFactory, JobFactory
 
 pytestmark = pytest.mark.django_db
@@ -28,10 +28,20 @@ def post(client, url, data=None, **extra):
 
 
 def test_post_jobs_enqueues_with_every_option_and_returns_201(api):
-    r = post(api, "/api/jobs", {
-        "kind": "echo", "payload": {"to": "a@example.com"}, "queue_name": "mail", "priority": 20,
-        "run_after": 60, "max_attempts": 5, "idempotency_key": "k-1", "timeout": 30,
-    })
+    r = post(
+        api,
+        "/api/jobs",
+        {
+            "kind": "echo",
+            "payload": {"to": "a@example.com"},
+            "queue_name": "mail",
+            "priority": 20,
+            "run_after": 60,
+            "max_attempts": 5,
+            "idempotency_key": "k-1",
+            "timeout": 30,
+        },
+    )
     assert r.status_code == 201, r.content
     job = Job.objects.get(id=r.json()["id"])
     assert (job.queue_name, job.priority, job.max_attempts, job.timeout) == ("mail", 20, 5, 30.0)
@@ -85,7 +95,9 @@ def test_a_body_over_the_limit_is_413(api, settings):
 
 
 def test_bulk_enqueues_all_or_nothing(api):
-    ok = post(api, "/api/jobs/bulk", {"jobs": [{"kind": "echo"}, {"kind": "add", "payload": {"a": 1, "b": 2}}]})
+    ok = post(
+        api, "/api/jobs/bulk", {"jobs": [{"kind": "echo"}, {"kind": "add", "payload": {"a": 1, "b": 2}}]}
+    )
     assert ok.status_code == 201
     assert [j["kind"] for j in ok.json()] == ["echo", "add"]
     bad = post(api, "/api/jobs/bulk", {"jobs": [{"kind": "echo"}, {"kind": "echo", "priority": 999}]})
@@ -102,12 +114,16 @@ def test_list_filters_and_pages_newest_first(api):
     JobFactory(kind="echo", leased=True)
     page = api.get("/api/jobs", {"state": "pending", "kind": "echo", "limit": 1}).json()
     assert [j["id"] for j in page["items"]] == [newer.id]
-    page2 = api.get("/api/jobs", {"state": "pending", "kind": "echo", "limit": 1, "before": page["next_before"]}).json()
+    page2 = api.get(
+        "/api/jobs", {"state": "pending", "kind": "echo", "limit": 1, "before": page["next_before"]}
+    ).json()
     assert [j["id"] for j in page2["items"]] == [old.id] and page2["next_before"] is None
     assert [j["queue_name"] for j in api.get("/api/jobs", {"queue": "mail"}).json()["items"]] == ["mail"]
 
 
-@pytest.mark.parametrize("query", ["state=bogus", "limit=0", "before=-1", "kind=%00", "before=99999999999999999999"])
+@pytest.mark.parametrize(
+    "query", ["state=bogus", "limit=0", "before=-1", "kind=%00", "before=99999999999999999999"]
+)
 def test_bad_filters_are_400(api, query):
     r = api.get(f"/api/jobs?{query}")
     assert r.status_code == 400, r.content
@@ -181,7 +197,15 @@ def test_openapi_schema_lists_every_endpoint_and_the_docs_page_renders(api):
     assert schema["openapi"].startswith("3.")
     # Valid against the OpenAPI specification itself (raises with the offending path).
     validate(schema)
-    assert {"/api/jobs", "/api/jobs/bulk", "/api/jobs/{job_id}", "/api/jobs/{job_id}/requeue", "/api/stats",
-            "/api/dead-letters", "/api/dead-letters/{letter_id}/replay", "/api/workers"} <= set(schema["paths"])
+    assert {
+        "/api/jobs",
+        "/api/jobs/bulk",
+        "/api/jobs/{job_id}",
+        "/api/jobs/{job_id}/requeue",
+        "/api/stats",
+        "/api/dead-letters",
+        "/api/dead-letters/{letter_id}/replay",
+        "/api/workers",
+    } <= set(schema["paths"])
     assert set(schema["paths"]["/api/jobs/{job_id}"]) == {"get", "delete"}
     assert api.get("/api/docs").status_code == 200

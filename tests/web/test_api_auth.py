@@ -5,8 +5,8 @@ from django.contrib.auth.models import Permission, User
 from django.core.management import CommandError, call_command
 from django.test import Client
 
-from queue_app.web import auth as api_auth
 from queue_app.models import ApiKey, Job
+from queue_app.web import auth as api_auth
 from tests.factories import JobFactory
 
 pytestmark = pytest.mark.django_db
@@ -18,7 +18,9 @@ def enqueue_with(client):
 
 def staff(*perms, is_staff=True):
     user = User.objects.create_user("op", password="pw", is_staff=is_staff)
-    user.user_permissions.set(Permission.objects.filter(codename__in=perms, content_type__app_label="queue_app"))
+    user.user_permissions.set(
+        Permission.objects.filter(codename__in=perms, content_type__app_label="queue_app")
+    )
     client = Client()
     client.force_login(user)
     return client

@@ -1,4 +1,5 @@
 """/api/docs: Swagger UI from this server's static files, working with no internet."""
+
 import os
 from urllib.parse import urlsplit
 
@@ -37,7 +38,9 @@ def test_swagger_ui_renders_every_operation_with_every_other_host_blocked(live_s
     os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"  # playwright's loop in this thread
     try:
         with sync_api.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"])
+            browser = p.chromium.launch(
+                executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"]
+            )
             context = browser.new_context(base_url=live_server.url)
             context.add_cookies([{"name": "sessionid", "value": session, "url": live_server.url}])
             context.route("**/*", only_here)

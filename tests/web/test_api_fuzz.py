@@ -6,6 +6,7 @@ break the schema) with a read-write API key. No request may get a 5xx, and every
 documented response must match its schema. Derandomized and bounded, so a run is the
 same every time and takes seconds per database.
 """
+
 import os
 
 import pytest
@@ -21,8 +22,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from queue_app.web import auth as api_auth
 from queue_app.conf import settings as queue_settings
+from queue_app.web import auth as api_auth
 
 schema = schemathesis.openapi.from_wsgi("/api/openapi.json", get_wsgi_application())
 
@@ -138,13 +139,19 @@ def client_with_key(db, client):
 
 
 def test_a_pause_reason_with_nul_is_a_400_naming_the_field(client_with_key):
-    r = client_with_key.post("/api/pauses", {"queue": "mail", "reason": "a\x00b"}, content_type="application/json")
+    r = client_with_key.post(
+        "/api/pauses", {"queue": "mail", "reason": "a\x00b"}, content_type="application/json"
+    )
     assert (r.status_code, r.json()["field"]) == (400, "reason")
 
 
 @pytest.mark.parametrize(
     "method, url, allowed",
-    [("put", "/api/jobs", {"GET", "POST"}), ("patch", "/api/jobs/1", {"GET", "DELETE"}), ("get", "/api/jobs/bulk", {"POST"})],
+    [
+        ("put", "/api/jobs", {"GET", "POST"}),
+        ("patch", "/api/jobs/1", {"GET", "DELETE"}),
+        ("get", "/api/jobs/bulk", {"POST"}),
+    ],
 )
 def test_a_wrong_method_is_a_json_405_listing_the_allowed_ones(client_with_key, method, url, allowed):
     r = getattr(client_with_key, method)(url)
@@ -158,4 +165,3 @@ def test_an_unknown_dead_letter_is_a_json_404(client_with_key):
     r = client_with_key.post("/api/dead-letters/987654/replay")
     assert r.status_code == 404
     assert r.json() == {"error": "dead letter 987654 does not exist", "field": None}
-

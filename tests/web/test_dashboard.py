@@ -1,5 +1,6 @@
 """The dashboard's pages and actions through Django's test client, per permission,
 and `manage.py web` serving them with gunicorn."""
+
 import os
 import socket
 import subprocess
@@ -16,12 +17,12 @@ from django.test import override_settings
 from django.urls import reverse
 from django.utils import timezone
 
-from queue_app.ops import dashboard
 from queue_app.core import transitions
 from queue_app.core.enqueueing import enqueue
-from queue_app.worker.execution import run_one
 from queue_app.management.commands.web import gunicorn_argv, parse_addr
 from queue_app.models import DeadLetter, Event, Job, State, Worker
+from queue_app.ops import dashboard
+from queue_app.worker.execution import run_one
 from tests.factories import DeadLetterFactory, JobFactory, make_staff
 
 pytestmark = pytest.mark.django_db
@@ -30,10 +31,8 @@ PAGES = ["overview", "jobs", "dead_letters", "workers", "queues"]
 READ = ["queue_app.view_job", "queue_app.view_deadletter", "queue_app.view_worker"]
 
 
-
 def url(name, *args):
     return reverse(f"queue_app_dashboard:{name}", args=args)
-
 
 
 @pytest.fixture
@@ -287,15 +286,22 @@ def test_capped_paginator_stops_counting_at_the_cap(settings):
 
 def test_age_reads_like_a_person_would_say_it():
     now = timezone.now()
-    assert [dashboard.age(now - timedelta(seconds=s), now) for s in (5, 125, 3 * 3600 + 300, 2 * 86400 + 7200)] == [
-        "5s", "2m", "3h 5m", "2d 2h",
+    assert [
+        dashboard.age(now - timedelta(seconds=s), now) for s in (5, 125, 3 * 3600 + 300, 2 * 86400 + 7200)
+    ] == [
+        "5s",
+        "2m",
+        "3h 5m",
+        "2d 2h",
     ]
 
 
 # --- serving ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("addr, expected", [(":8080", "0.0.0.0:8080"), ("127.0.0.1:9", "127.0.0.1:9"), ("[::1]:80", "[::1]:80")])
+@pytest.mark.parametrize(
+    "addr, expected", [(":8080", "0.0.0.0:8080"), ("127.0.0.1:9", "127.0.0.1:9"), ("[::1]:80", "[::1]:80")]
+)
 def test_web_addr_accepts_host_port_and_bare_port(addr, expected):
     assert parse_addr(addr) == expected
     assert expected in gunicorn_argv(addr)
@@ -346,7 +352,10 @@ def test_web_serves_admin_and_static_files_with_gunicorn():
     env = {**os.environ, "PYTHONPATH": str(root), "DATABASE_URL": _test_database_url()}
     proc = subprocess.Popen(
         [sys.executable, str(root / "manage.py"), "web", "--addr", f"127.0.0.1:{port}", "--workers", "1"],
-        cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        cwd=root,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
     )
     try:
         base = f"http://127.0.0.1:{port}"

@@ -1,4 +1,5 @@
 """Flow control in the admin and on the dashboard."""
+
 import pytest
 
 from queue_app.core import flow
@@ -9,8 +10,16 @@ pytestmark = pytest.mark.django_db
 
 
 def test_the_admin_refuses_a_schedule_with_a_bad_cron_and_saves_a_good_one(admin_client):
-    base = {"name": "nightly", "kind": "echo", "payload": "{}", "queue_name": "default", "priority": 0,
-            "timezone": "UTC", "enabled": "on", "missed_ticks": ""}
+    base = {
+        "name": "nightly",
+        "kind": "echo",
+        "payload": "{}",
+        "queue_name": "default",
+        "priority": 0,
+        "timezone": "UTC",
+        "enabled": "on",
+        "missed_ticks": "",
+    }
     bad = admin_client.post("/admin/queue_app/schedule/add/", {**base, "cron": "every night"})
     assert bad.status_code == 200 and b"not a valid cron expression" in bad.content
     assert not Schedule.objects.exists()
@@ -21,16 +30,24 @@ def test_the_admin_refuses_a_schedule_with_a_bad_cron_and_saves_a_good_one(admin
 
 
 def test_the_admin_edits_a_limit_at_runtime(admin_client):
-    resp = admin_client.post("/admin/queue_app/kindlimit/add/", {"kind": "echo", "concurrency": 2, "rate_period": 60})
+    resp = admin_client.post(
+        "/admin/queue_app/kindlimit/add/", {"kind": "echo", "concurrency": 2, "rate_period": 60}
+    )
     assert resp.status_code == 302 and KindLimit.objects.get().concurrency == 2
-    zero = admin_client.post("/admin/queue_app/kindlimit/add/", {"kind": "add", "concurrency": 0, "rate_period": 60})
+    zero = admin_client.post(
+        "/admin/queue_app/kindlimit/add/", {"kind": "add", "concurrency": 0, "rate_period": 60}
+    )
     assert zero.status_code == 200 and not KindLimit.objects.filter(kind="add").exists()
 
 
 def test_the_admin_sets_a_per_key_limit_and_refuses_zero(admin_client):
-    resp = admin_client.post("/admin/queue_app/kindlimit/add/", {"kind": "sync", "per_key": 1, "rate_period": 60})
+    resp = admin_client.post(
+        "/admin/queue_app/kindlimit/add/", {"kind": "sync", "per_key": 1, "rate_period": 60}
+    )
     assert resp.status_code == 302 and KindLimit.objects.get().per_key == 1
-    zero = admin_client.post("/admin/queue_app/kindlimit/add/", {"kind": "add", "per_key": 0, "rate_period": 60})
+    zero = admin_client.post(
+        "/admin/queue_app/kindlimit/add/", {"kind": "add", "per_key": 0, "rate_period": 60}
+    )
     assert zero.status_code == 200 and not KindLimit.objects.filter(kind="add").exists()
     assert b"per key" in admin_client.get("/admin/queue_app/kindlimit/").content.lower()
 

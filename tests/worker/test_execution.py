@@ -1,10 +1,11 @@
 """run_one(): claim, run the handler, settle — end to end on the real database."""
+
 import pytest
 
 from queue_app import enqueue
 from queue_app.handlers import registry
-from queue_app.worker.execution import run_one
 from queue_app.models import DeadLetter, Event
+from queue_app.worker.execution import run_one
 
 pytestmark = pytest.mark.django_db
 
@@ -53,7 +54,10 @@ def test_a_result_json_cannot_hold_dead_letters_the_job():
 
 
 def test_handlers_from_settings_are_loaded(settings):
-    settings.JOBQUEUE = {**settings.JOBQUEUE, "HANDLERS": {**settings.JOBQUEUE["HANDLERS"], "twice": "tests.worker.test_execution.twice"}}
+    settings.JOBQUEUE = {
+        **settings.JOBQUEUE,
+        "HANDLERS": {**settings.JOBQUEUE["HANDLERS"], "twice": "tests.worker.test_execution.twice"},
+    }
     registry.load_configured_handlers()
     enqueue("twice", {"n": 4})
     assert run_one().result == 8

@@ -1,4 +1,5 @@
 """Limits and pauses hold across real processes sharing one database."""
+
 import threading
 import time
 from collections import Counter
@@ -66,7 +67,9 @@ class KeySampler(Sampler):
         try:
             while not self.stop.is_set():
                 held = Counter(
-                    Job.objects.filter(kind=self.kind, state=State.LEASED).values_list("concurrency_key", flat=True)
+                    Job.objects.filter(kind=self.kind, state=State.LEASED).values_list(
+                        "concurrency_key", flat=True
+                    )
                 )
                 self.peak_per_key = max(self.peak_per_key, *held.values(), 0)
                 self.most_keys_at_once = max(self.most_keys_at_once, len(held))
@@ -78,10 +81,13 @@ class KeySampler(Sampler):
 
 def test_four_worker_processes_run_one_job_per_key_at_a_time_and_different_keys_at_once():
     flow.set_limit("sleepy", per_key=1)
-    bulk_enqueue([
-        {"kind": "sleepy", "payload": {"seconds": 0.3}, "concurrency_key": f"customer:{key}"}
-        for _ in range(6) for key in range(3)
-    ])
+    bulk_enqueue(
+        [
+            {"kind": "sleepy", "payload": {"seconds": 0.3}, "concurrency_key": f"customer:{key}"}
+            for _ in range(6)
+            for key in range(3)
+        ]
+    )
     # Batches of 2: one claim must not take two jobs of one key either.
     proc = worker_support.start_worker(concurrency=4, max_jobs=18, batch=2, poll=0.01)
     with KeySampler("sleepy") as sampler:

@@ -1,5 +1,6 @@
 """What a handler prints and logs is kept with its attempt: in the terminal event, in
 `history`, on the dashboard's job page and in the admin; per thread, bounded."""
+
 import json
 import logging
 import sys
@@ -12,11 +13,10 @@ from django.core.management import call_command
 from django.urls import reverse
 
 from queue_app import bulk_enqueue, enqueue
-from queue_app.worker import capture
 from queue_app.handlers import registry
-from queue_app.worker import shell
-from queue_app.worker.execution import run_one
 from queue_app.models import EventType, Job, State
+from queue_app.worker import capture, shell
+from queue_app.worker.execution import run_one
 from tests.worker_support import lease_settings, run_worker
 
 
@@ -60,8 +60,15 @@ def flaky_chatty(payload, job):
     return "ok"
 
 
-HANDLERS = {"chatty": chatty, "fails_loudly": fails_loudly, "quiet": quiet, "flood": flood, "logs": logs,
-            "interleaved": interleaved, "flaky_chatty": flaky_chatty}
+HANDLERS = {
+    "chatty": chatty,
+    "fails_loudly": fails_loudly,
+    "quiet": quiet,
+    "flood": flood,
+    "logs": logs,
+    "interleaved": interleaved,
+    "flaky_chatty": flaky_chatty,
+}
 
 
 @pytest.fixture(autouse=True)
@@ -82,7 +89,8 @@ def test_what_a_handler_prints_is_kept_with_its_completed_attempt():
     run_one()
 
     assert event(job, EventType.COMPLETED).metadata["output"] == {
-        "stdout": "hello 7\n", "stderr": "warning: disk nearly full\n",
+        "stdout": "hello 7\n",
+        "stderr": "warning: disk nearly full\n",
     }
 
 
@@ -214,7 +222,8 @@ def test_history_shows_each_attempts_output():
     attempts = json.loads(out.getvalue())["attempts"]
     assert [a["outcome"] for a in attempts] == ["failed", "completed"]
     assert [a["output"] for a in attempts] == [
-        {"stdout": "attempt 1 starting\n"}, {"stdout": "attempt 2 starting\n"},
+        {"stdout": "attempt 1 starting\n"},
+        {"stdout": "attempt 2 starting\n"},
     ]
 
     out = StringIO()

@@ -1,4 +1,5 @@
 """Cron schedules: each due tick enqueued exactly once, missed ticks by policy."""
+
 import time
 from datetime import UTC, datetime, timedelta
 from io import StringIO
@@ -7,9 +8,9 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from queue_app.worker import schedules as scheduling
 from queue_app.exceptions import InvalidJob
 from queue_app.models import Event, EventType, Job, Schedule
+from queue_app.worker import schedules as scheduling
 from tests.conftest import run_processes
 from tests.worker_support import lease_settings, start_worker, stop
 
@@ -92,7 +93,12 @@ def test_disabled_schedules_do_not_run():
 @pytest.mark.django_db
 @pytest.mark.parametrize(
     "fields, field",
-    [({"cron": "every day"}, "cron"), ({"timezone": "Mars/Olympus"}, "timezone"), ({"kind": ""}, "kind"), ({"missed_ticks": "all"}, "missed_ticks")],
+    [
+        ({"cron": "every day"}, "cron"),
+        ({"timezone": "Mars/Olympus"}, "timezone"),
+        ({"kind": ""}, "kind"),
+        ({"missed_ticks": "all"}, "missed_ticks"),
+    ],
 )
 def test_bad_schedules_are_refused(fields, field):
     with pytest.raises(InvalidJob) as exc:
@@ -105,7 +111,10 @@ def test_schedules_from_settings_are_synced_keeping_their_last_tick(settings):
     settings.JOBQUEUE = {**settings.JOBQUEUE, "SCHEDULES": {"nightly": {"cron": "0 3 * * *", "kind": "echo"}}}
     scheduling.sync_schedules()
     Schedule.objects.filter(name="nightly").update(last_tick=T0)
-    settings.JOBQUEUE = {**settings.JOBQUEUE, "SCHEDULES": {"nightly": {"cron": "0 4 * * *", "kind": "echo", "priority": 3}}}
+    settings.JOBQUEUE = {
+        **settings.JOBQUEUE,
+        "SCHEDULES": {"nightly": {"cron": "0 4 * * *", "kind": "echo", "priority": 3}},
+    }
     scheduling.sync_schedules()
     s = Schedule.objects.get()
     assert (s.cron, s.priority, s.last_tick, s.from_settings) == ("0 4 * * *", 3, T0, True)

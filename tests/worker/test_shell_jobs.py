@@ -1,5 +1,6 @@
 """The built-in shell kind: argv without a shell, the job's timeout, exit code and output
 kept, and 20 real workers running a pile of shell jobs each exactly once."""
+
 import os
 import shlex
 import signal
@@ -12,9 +13,9 @@ from django.db.models import Count
 
 from queue_app import bulk_enqueue, enqueue
 from queue_app.handlers import registry
+from queue_app.models import Event, EventType, Job, State, Worker, WorkerState
 from queue_app.worker import shell
 from queue_app.worker.execution import run_one
-from queue_app.models import Event, EventType, Job, State, Worker, WorkerState
 from tests.worker_support import lease_settings, start_worker, wait_for
 
 # The issue's figure is 20 workers x 1,000 jobs: JOBQUEUE_SHELL_TEST_JOBS=20000, as
@@ -107,8 +108,11 @@ def test_list_command_is_the_argv_as_given(shell_on):
 
 @pytest.mark.django_db
 def test_non_zero_exit_fails_the_attempt_with_exit_code_and_stderr_tail(shell_on):
-    job = enqueue("shell", {"command": "sh -c 'echo partial; echo first >&2; echo it broke >&2; exit 3'"},
-                  max_attempts=1)
+    job = enqueue(
+        "shell",
+        {"command": "sh -c 'echo partial; echo first >&2; echo it broke >&2; exit 3'"},
+        max_attempts=1,
+    )
 
     run_one()
 
@@ -122,8 +126,10 @@ def test_non_zero_exit_fails_the_attempt_with_exit_code_and_stderr_tail(shell_on
 
 @pytest.mark.django_db
 def test_error_message_quotes_only_the_end_of_a_long_stderr(shell_on):
-    job = enqueue("shell", {"command": [sys.executable, "-c",
-                                        "import sys; sys.stderr.write('x' * 3000 + 'END'); sys.exit(1)"]})
+    job = enqueue(
+        "shell",
+        {"command": [sys.executable, "-c", "import sys; sys.stderr.write('x' * 3000 + 'END'); sys.exit(1)"]},
+    )
 
     run_one()
 
@@ -158,9 +164,17 @@ def test_missing_program_fails_the_attempt(shell_on):
     assert "no-such-program-jq" in job.last_error["message"]
 
 
-@pytest.mark.parametrize("payload", [
-    {}, {"command": ""}, {"command": "   "}, {"command": 42}, {"command": []}, {"command": ["ls", 1]},
-])
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {},
+        {"command": ""},
+        {"command": "   "},
+        {"command": 42},
+        {"command": []},
+        {"command": ["ls", 1]},
+    ],
+)
 @pytest.mark.django_db
 def test_bad_command_payload_fails_with_a_message_that_says_what_to_fix(shell_on, payload):
     job = enqueue("shell", payload)
@@ -193,16 +207,27 @@ def test_twenty_workers_run_every_shell_job_exactly_once(shell_on, tmp_path):
     ]
     try:
         # All twenty are up and polling before the first job lands, so all of them compete.
-        wait_for(lambda: Worker.objects.filter(state=WorkerState.RUNNING).count() == SHELL_TEST_WORKERS,
-                 timeout=60, what="20 workers to register")
+        wait_for(
+            lambda: Worker.objects.filter(state=WorkerState.RUNNING).count() == SHELL_TEST_WORKERS,
+            timeout=60,
+            what="20 workers to register",
+        )
         began = time.monotonic()
-        bulk_enqueue([
-            {"kind": "shell", "payload": {"command": f"sh -c 'echo {i} >> {quoted(markers / f'm-{i}')}'"}}
-            for i in range(n)
-        ])
-        wait_for(lambda: Job.objects.filter(state=State.COMPLETED).count() == n or Job.objects.exclude(
-            state__in=[State.PENDING, State.LEASED, State.COMPLETED]).exists(),
-            timeout=900, interval=0.5, what=f"{n} shell jobs to complete")
+        bulk_enqueue(
+            [
+                {"kind": "shell", "payload": {"command": f"sh -c 'echo {i} >> {quoted(markers / f'm-{i}')}'"}}
+                for i in range(n)
+            ]
+        )
+        wait_for(
+            lambda: (
+                Job.objects.filter(state=State.COMPLETED).count() == n
+                or Job.objects.exclude(state__in=[State.PENDING, State.LEASED, State.COMPLETED]).exists()
+            ),
+            timeout=900,
+            interval=0.5,
+            what=f"{n} shell jobs to complete",
+        )
         took = time.monotonic() - began
     finally:
         for proc in workers:
@@ -221,7 +246,9 @@ def test_twenty_workers_run_every_shell_job_exactly_once(shell_on, tmp_path):
     assert wrong == [], f"{len(wrong)} markers not written exactly once, e.g. {wrong[:5]}"
     per_job = (
         Event.objects.filter(type__in=[EventType.CLAIMED, EventType.COMPLETED])
-        .values("job_id", "type").annotate(times=Count("id")).order_by()
+        .values("job_id", "type")
+        .annotate(times=Count("id"))
+        .order_by()
     )
     counts = {(row["job_id"], row["type"]): row["times"] for row in per_job}
     assert len(counts) == 2 * n

@@ -1,5 +1,6 @@
 """wakeup.py: an idle worker's wait survives the database going away (the next claim
 retries it) instead of ending the worker thread."""
+
 import threading
 import time
 
@@ -42,7 +43,9 @@ def test_a_lost_listen_connection_is_replaced_on_the_next_wait(monkeypatch):
             pass
 
     connects = []
-    monkeypatch.setattr(wakeup.PgWaiter, "_connect", lambda self: connects.append(1) or setattr(self, "conn", Broken()))
+    monkeypatch.setattr(
+        wakeup.PgWaiter, "_connect", lambda self: connects.append(1) or setattr(self, "conn", Broken())
+    )
     waiter, stopping = wakeup.PgWaiter("jobqueue"), threading.Event()
     waiter.wait(0.1, stopping)  # must not raise
     assert waiter.conn is None

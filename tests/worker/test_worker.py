@@ -1,5 +1,6 @@
 """The worker with real processes: a forked runworker supervisor forking its children,
 against the test database. Short leases and polls keep each test to a few seconds."""
+
 import os
 import signal
 import time
@@ -11,15 +12,12 @@ from django.utils import timezone
 
 from queue_app import bulk_enqueue, enqueue
 from queue_app.core import transitions
-from queue_app.worker import loop as worker
 from queue_app.models import DeadLetter, EventType, Job, State, Worker, WorkerState
+from queue_app.worker import loop as worker
+from tests.support import event_types as events
 from tests.worker_support import lease_settings, run_worker, start_worker, stop, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def events(job):
-    return list(job.events.values_list("type", flat=True))
 
 
 def test_burst_worker_drains_the_queue_with_sync_and_async_handlers():
@@ -104,9 +102,12 @@ def test_raising_handler_retries_with_backoff_then_dead_letters(settings):
     assert "raise Boom" in job.last_error["traceback"]
     assert events(job) == [
         EventType.ENQUEUED,
-        EventType.CLAIMED, EventType.FAILED,
-        EventType.CLAIMED, EventType.FAILED,
-        EventType.CLAIMED, EventType.DEAD_LETTERED,
+        EventType.CLAIMED,
+        EventType.FAILED,
+        EventType.CLAIMED,
+        EventType.FAILED,
+        EventType.CLAIMED,
+        EventType.DEAD_LETTERED,
     ]
     failed = list(job.events.filter(type=EventType.FAILED))
     # delay = base ** attempt, and the retry time is persisted for the next claim to honour.
@@ -159,11 +160,17 @@ def test_crashed_childs_unstarted_claims_are_released_without_spending_an_attemp
         assert job.state == State.COMPLETED
         assert job.attempts == 1
         assert events(job) == [
-            EventType.ENQUEUED, EventType.CLAIMED, EventType.RELEASED, EventType.CLAIMED, EventType.COMPLETED,
+            EventType.ENQUEUED,
+            EventType.CLAIMED,
+            EventType.RELEASED,
+            EventType.CLAIMED,
+            EventType.COMPLETED,
         ]
 
 
-def test_jobs_finished_but_not_yet_acknowledged_when_the_child_dies_are_failed_not_released(settings, monkeypatch):
+def test_jobs_finished_but_not_yet_acknowledged_when_the_child_dies_are_failed_not_released(
+    settings, monkeypatch
+):
     settings.JOBQUEUE = lease_settings(BACKOFF_BASE=0.001)
     # Acks wait for a full batch or ACK_DELAY; a long delay (inherited by the forked child)
     # makes sure the echoes' acks are still pending when the crash job kills the child.
@@ -342,7 +349,9 @@ def test_max_runtime_stops_an_idle_worker_gracefully():
 def test_expired_leases_are_recovered_when_a_worker_starts():
     job = enqueue("echo", {"x": 1})
     Job.objects.filter(id=job.id).update(
-        state=State.LEASED, attempts=1, lease_owner="gone/0.1",
+        state=State.LEASED,
+        attempts=1,
+        lease_owner="gone/0.1",
         lease_expires_at=timezone.now() - timedelta(seconds=5),
     )
 
@@ -364,12 +373,18 @@ def test_idle_worker_wakes_on_an_enqueue_long_before_its_poll():
         # A first job proves the child is claiming; after it the child's next claim finds
         # nothing and it settles into the 30 s wait.
         probe = enqueue("echo", {"n": 0})
-        wait_for(lambda: Job.objects.filter(id=probe.id, state=State.COMPLETED).exists(), timeout=30,
-                 what="the probe job")
+        wait_for(
+            lambda: Job.objects.filter(id=probe.id, state=State.COMPLETED).exists(),
+            timeout=30,
+            what="the probe job",
+        )
         time.sleep(0.5)
         job = enqueue("echo", {"n": 1})
-        wait_for(lambda: Job.objects.filter(id=job.id, state=State.COMPLETED).exists(), timeout=5,
-                 what="the job to complete without waiting for the 30s poll")
+        wait_for(
+            lambda: Job.objects.filter(id=job.id, state=State.COMPLETED).exists(),
+            timeout=5,
+            what="the job to complete without waiting for the 30s poll",
+        )
     finally:
         code = stop(proc, within=10)
     assert code == 0
@@ -406,8 +421,9 @@ def test_an_acknowledgement_whose_combined_claim_fails_is_still_recorded_once(mo
     # Loop.run() sets a child's signal handlers: keep pytest's own.
     monkeypatch.setattr(worker.signal, "signal", lambda *args: None)
     options = worker.Options(batch=1, burst=True, concurrency=1, poll=0.01).resolved()
-    loop = worker.Loop(options, "in-process/0.1", Slots(1, 4, buffered=1),
-                       Budget(multiprocessing.get_context("fork"), None))
+    loop = worker.Loop(
+        options, "in-process/0.1", Slots(1, 4, buffered=1), Budget(multiprocessing.get_context("fork"), None)
+    )
     loop.run()
 
     assert len(calls) >= 4  # the failed one was retried

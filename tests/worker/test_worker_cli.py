@@ -1,5 +1,6 @@
 """runworker, work, workers and stopworkers as an operator runs them: real manage.py
 subprocesses against the test database."""
+
 import re
 import signal
 import socket
@@ -15,8 +16,8 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from queue_app import bulk_enqueue, enqueue
-from queue_app.worker import loop as worker
 from queue_app.models import EventType, Job, State, Worker, WorkerState
+from queue_app.worker import loop as worker
 from tests.worker_support import manage, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -53,15 +54,20 @@ def test_runworker_on_sigterm_finishes_its_job_releases_the_rest_and_exits_0(tmp
     assert "stopped" in out
     first.refresh_from_db()
     assert first.state == State.COMPLETED
-    assert set(Job.objects.filter(id__in=[j.id for j in rest]).values_list("state", flat=True)) == {State.PENDING}
+    assert set(Job.objects.filter(id__in=[j.id for j in rest]).values_list("state", flat=True)) == {
+        State.PENDING
+    }
     assert not Job.objects.leased().exists()
     assert Worker.objects.get(name="cli-term").state == WorkerState.STOPPED
 
 
 def test_stopworkers_from_another_process_stops_a_running_worker():
     proc = manage(*RUNWORKER, "--name", "cli-stop")
-    wait_for(lambda: Worker.objects.filter(name="cli-stop", state=WorkerState.RUNNING).exists(),
-             timeout=20, what="the worker to register")
+    wait_for(
+        lambda: Worker.objects.filter(name="cli-stop", state=WorkerState.RUNNING).exists(),
+        timeout=20,
+        what="the worker to register",
+    )
 
     # Generous waits: CI runs four suites at once on two cores.
     stopper = manage("stopworkers", "--worker", "cli-stop", "--wait", "50s")
@@ -141,10 +147,20 @@ def http_get(port, path):
 def test_runworker_serves_metrics_and_the_web_ui_beside_its_jobs_and_stops_them_with_it():
     metrics_port, web_port = free_port(), free_port()
     job = enqueue("echo", {"n": 1})
-    proc = manage(*RUNWORKER, "--name", "cli-side", "--metrics-addr", f"127.0.0.1:{metrics_port}",
-                  "--web-addr", f"127.0.0.1:{web_port}")
-    wait_for(lambda: Job.objects.filter(id=job.id, state=State.COMPLETED).exists(), timeout=60,
-             what="the worker to run a job")
+    proc = manage(
+        *RUNWORKER,
+        "--name",
+        "cli-side",
+        "--metrics-addr",
+        f"127.0.0.1:{metrics_port}",
+        "--web-addr",
+        f"127.0.0.1:{web_port}",
+    )
+    wait_for(
+        lambda: Job.objects.filter(id=job.id, state=State.COMPLETED).exists(),
+        timeout=60,
+        what="the worker to run a job",
+    )
 
     status, body = http_get(metrics_port, "/metrics")
     assert status == 200, body
@@ -224,13 +240,23 @@ def test_runworker_refuses_bad_flags_with_a_clear_message_and_status_2(args, mes
 
 def test_runworker_defaults_for_kinds_max_jobs_max_runtime_and_burst_come_from_settings(settings):
     assert (worker.Options().resolved().kinds, worker.Options().resolved().burst) == ((), False)
-    settings.JOBQUEUE = {**settings.JOBQUEUE, "WORKER_KINDS": ["echo"], "WORKER_MAX_JOBS": 7,
-                         "WORKER_MAX_RUNTIME": 60.0, "WORKER_BURST": True}
+    settings.JOBQUEUE = {
+        **settings.JOBQUEUE,
+        "WORKER_KINDS": ["echo"],
+        "WORKER_MAX_JOBS": 7,
+        "WORKER_MAX_RUNTIME": 60.0,
+        "WORKER_BURST": True,
+    }
 
     defaults = worker.Options().resolved()
     given = worker.Options(kinds=("add",), max_jobs=1, max_runtime=5.0, burst=False).resolved()
 
-    assert (defaults.kinds, defaults.max_jobs, defaults.max_runtime, defaults.burst) == (("echo",), 7, 60.0, True)
+    assert (defaults.kinds, defaults.max_jobs, defaults.max_runtime, defaults.burst) == (
+        ("echo",),
+        7,
+        60.0,
+        True,
+    )
     assert (given.kinds, given.max_jobs, given.max_runtime, given.burst) == (("add",), 1, 5.0, False)
 
 
@@ -247,8 +273,12 @@ def test_runworker_stops_after_the_worker_max_jobs_setting_without_a_flag(settin
 
 
 def test_runworker_burst_and_kinds_from_settings_and_no_burst_overrides_it(settings):
-    settings.JOBQUEUE = {**settings.JOBQUEUE, "WORKER_BURST": True, "WORKER_KINDS": ["echo"],
-                         "WORKER_MAX_RUNTIME": 20.0}
+    settings.JOBQUEUE = {
+        **settings.JOBQUEUE,
+        "WORKER_BURST": True,
+        "WORKER_KINDS": ["echo"],
+        "WORKER_MAX_RUNTIME": 20.0,
+    }
     bulk_enqueue([{"kind": "echo"}] * 2 + [{"kind": "add", "payload": {"a": 1, "b": 1}}])
 
     call_command("runworker", "--poll", "50ms")  # drains the echo jobs, then exits

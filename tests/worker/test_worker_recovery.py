@@ -1,24 +1,22 @@
 """What a real worker does with jobs it cannot settle, leases of an earlier run under the
 same name, and aborts of jobs it claimed but has not started."""
+
 import os
 import signal
 import time
+from datetime import timedelta
 
 import pytest
-from datetime import timedelta
 from django.utils import timezone
 
 from queue_app import enqueue
 from queue_app.core import aborting
 from queue_app.handlers import registry
 from queue_app.models import EventType, Job, State, Worker
+from tests.support import event_types as events
 from tests.worker_support import start_worker, stop, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def events(job):
-    return list(job.events.values_list("type", flat=True))
 
 
 def unsettleable(payload):
@@ -37,14 +35,21 @@ def test_job_whose_outcome_cannot_be_recorded_is_not_renewed_but_recovered_with_
     proc = start_worker(batch=batch, lease=1.0, recovery_interval=0.2)
 
     # Had the heartbeat kept renewing it, it would stay leased for ever.
-    wait_for(lambda: Job.objects.filter(id=job.id, state=State.DEAD_LETTER).exists(), timeout=10,
-             what="both attempts to lapse and be recovered")
+    wait_for(
+        lambda: Job.objects.filter(id=job.id, state=State.DEAD_LETTER).exists(),
+        timeout=10,
+        what="both attempts to lapse and be recovered",
+    )
     assert stop(proc) == 0
 
     job.refresh_from_db()
     assert job.attempts == 2
     assert events(job) == [
-        EventType.ENQUEUED, EventType.CLAIMED, EventType.RECOVERED, EventType.CLAIMED, EventType.RECOVERED,
+        EventType.ENQUEUED,
+        EventType.CLAIMED,
+        EventType.RECOVERED,
+        EventType.CLAIMED,
+        EventType.RECOVERED,
     ]
 
 
@@ -74,14 +79,21 @@ def test_restarted_worker_takes_back_what_its_stopped_predecessor_left_leased(tm
     assert Job.objects.get(id=job.id).state == State.LEASED
 
     second = start_worker(name="same", lease=30.0)
-    wait_for(lambda: Job.objects.filter(id=job.id, state=State.COMPLETED).exists(), timeout=10,
-             what="the restarted worker to take the job back and run it")
+    wait_for(
+        lambda: Job.objects.filter(id=job.id, state=State.COMPLETED).exists(),
+        timeout=10,
+        what="the restarted worker to take the job back and run it",
+    )
     assert stop(second) == 0
 
     job.refresh_from_db()
     assert job.attempts == 2
     assert events(job) == [
-        EventType.ENQUEUED, EventType.CLAIMED, EventType.RECOVERED, EventType.CLAIMED, EventType.COMPLETED,
+        EventType.ENQUEUED,
+        EventType.CLAIMED,
+        EventType.RECOVERED,
+        EventType.CLAIMED,
+        EventType.COMPLETED,
     ]
 
 
@@ -95,8 +107,11 @@ def test_worker_reusing_a_lost_workers_name_does_not_renew_its_leases(tmp_path):
     Worker.objects.update(last_heartbeat=timezone.now() - timedelta(hours=1))  # shown as lost
 
     second = start_worker(name="same", lease=1.0, recovery_interval=0.2)
-    wait_for(lambda: Job.objects.filter(id=job.id, state=State.COMPLETED).exists(), timeout=10,
-             what="the lapsed lease to be recovered and the job run again")
+    wait_for(
+        lambda: Job.objects.filter(id=job.id, state=State.COMPLETED).exists(),
+        timeout=10,
+        what="the lapsed lease to be recovered and the job run again",
+    )
     assert stop(second) == 0
 
     job.refresh_from_db()
@@ -116,10 +131,16 @@ def test_abort_of_a_claimed_job_waiting_behind_a_running_one_cancels_it_unstarte
     assert Job.objects.get(id=second.id).state == State.LEASED  # claimed with it, waiting
 
     aborting.cancel(second.id, actor="ops", reason="not wanted")
-    wait_for(lambda: Job.objects.filter(id=first.id, state=State.COMPLETED).exists(), timeout=10,
-             what="the first job to finish")
-    wait_for(lambda: Job.objects.filter(id=second.id, state=State.CANCELLED).exists(), timeout=5,
-             what="the waiting job to be cancelled")
+    wait_for(
+        lambda: Job.objects.filter(id=first.id, state=State.COMPLETED).exists(),
+        timeout=10,
+        what="the first job to finish",
+    )
+    wait_for(
+        lambda: Job.objects.filter(id=second.id, state=State.CANCELLED).exists(),
+        timeout=5,
+        what="the waiting job to be cancelled",
+    )
     assert stop(proc) == 0
 
     assert not ran.exists()

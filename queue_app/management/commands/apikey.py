@@ -1,7 +1,8 @@
 """manage.py apikey: create, list or revoke keys for the JSON API."""
-from queue_app.web import auth as api_auth
-from queue_app.ops import cli
+
 from queue_app.models import ApiKey
+from queue_app.ops import cli
+from queue_app.web import auth as api_auth
 
 
 class Command(cli.QueueCommand):

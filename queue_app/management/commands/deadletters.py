@@ -1,4 +1,5 @@
 """manage.py deadletters: jobs that ran out of attempts, and why."""
+
 from queue_app.ops import cli
 from queue_app.ops import reads as inspection
 
@@ -16,14 +17,22 @@ resolved_at, resolution}."""
 
     def add_arguments(self, parser):
         parser.add_argument("--kind", help="Only this kind.")
-        parser.add_argument("--since", type=cli.duration, metavar="DURATION",
-                            help="Only those dead-lettered within this long, e.g. 1h or 7d.")
+        parser.add_argument(
+            "--since",
+            type=cli.duration,
+            metavar="DURATION",
+            help="Only those dead-lettered within this long, e.g. 1h or 7d.",
+        )
         parser.add_argument("--all", action="store_true", help="Include resolved (requeued) ones.")
-        parser.add_argument("--limit", type=cli.positive_int, default=50, help="At most this many (default 50).")
+        parser.add_argument(
+            "--limit", type=cli.positive_int, default=50, help="At most this many (default 50)."
+        )
         parser.add_argument("--json", action="store_true", help="Print JSON.")
 
     def handle(self, *args, **o):
-        rows = inspection.dead_letters(kind=o["kind"], since=o["since"], include_resolved=o["all"], limit=o["limit"])
+        rows = inspection.dead_letters(
+            kind=o["kind"], since=o["since"], include_resolved=o["all"], limit=o["limit"]
+        )
         if o["json"]:
             self.stdout.write(cli.dumps(rows))
             return
@@ -34,6 +43,13 @@ resolved_at, resolution}."""
         t = cli.table("JOB", "KIND", "TRIES", "REASON", "AT", "RESOLVED", "ERROR", title="Dead letters")
         for d in rows:
             error = d["error"] or {}
-            t.add_row(str(d["job_id"]), d["kind"], str(d["attempts"]), d["reason"], cli.when(d["created_at"]),
-                      d["resolution"] or "-", f"{error.get('type', '')}: {error.get('message', '')}"[:70])
+            t.add_row(
+                str(d["job_id"]),
+                d["kind"],
+                str(d["attempts"]),
+                d["reason"],
+                cli.when(d["created_at"]),
+                d["resolution"] or "-",
+                f"{error.get('type', '')}: {error.get('message', '')}"[:70],
+            )
         console.print(t)

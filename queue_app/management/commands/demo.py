@@ -4,6 +4,7 @@ The command re-runs itself as a subprocess whose DATABASE_URL names the demo's
 database (a throwaway SQLite file unless --keep or --database), so the database is
 chosen before Django opens any connection, and the workers it starts inherit it.
 """
+
 import argparse
 import os
 import shutil
@@ -18,12 +19,9 @@ from django.conf import settings as django_settings
 from django.core.management import call_command
 
 from queue_app import bulk_enqueue, enqueue
-from queue_app.ops import cli
-from queue_app.ops import fixtures
-from queue_app.ops import metrics
-from queue_app.core import ordering
-from queue_app.core import transitions
+from queue_app.core import ordering, transitions
 from queue_app.models import Event, EventType, Job, State
+from queue_app.ops import cli, fixtures, metrics
 
 QUEUE = "demo"
 LEASE = 2.0
@@ -56,21 +54,36 @@ The story is the same on every run (ids and times aside). Exit status 1 if a ste
 reach its outcome within 30 s (the workers' log is shown), 2 on bad options."""
 
     def add_arguments(self, parser):
-        parser.add_argument("--keep", action="store_true",
-                            help="Run on the configured database and keep what the demo wrote.")
-        parser.add_argument("--database", metavar="URL",
-                            help="Run on this database (e.g. postgres://..., mysql://..., sqlite:///demo.db); kept.")
-        parser.add_argument("--run", type=cli.duration, metavar="DURATION",
-                            help="After the story, keep enqueueing sample jobs for this long, e.g. 30s.")
-        parser.add_argument("--kind", action="append", dest="kinds", metavar="KIND",
-                            help=f"Sample workload for --run (repeatable; default all: {', '.join(fixtures.PAYLOADS)}).")
+        parser.add_argument(
+            "--keep", action="store_true", help="Run on the configured database and keep what the demo wrote."
+        )
+        parser.add_argument(
+            "--database",
+            metavar="URL",
+            help="Run on this database (e.g. postgres://..., mysql://..., sqlite:///demo.db); kept.",
+        )
+        parser.add_argument(
+            "--run",
+            type=cli.duration,
+            metavar="DURATION",
+            help="After the story, keep enqueueing sample jobs for this long, e.g. 30s.",
+        )
+        parser.add_argument(
+            "--kind",
+            action="append",
+            dest="kinds",
+            metavar="KIND",
+            help=f"Sample workload for --run (repeatable; default all: {', '.join(fixtures.PAYLOADS)}).",
+        )
         # The re-run subprocess: the database is already the demo's.
         parser.add_argument("--here", action="store_true", help=argparse.SUPPRESS)
 
     def handle(self, *args, **o):
         for kind in o["kinds"] or []:
             if kind not in fixtures.PAYLOADS:
-                raise cli.bad_input(f"--kind {kind}: no such sample workload; choose from {', '.join(fixtures.PAYLOADS)}")
+                raise cli.bad_input(
+                    f"--kind {kind}: no such sample workload; choose from {', '.join(fixtures.PAYLOADS)}"
+                )
         if o["kinds"] and not o["run"]:
             raise cli.bad_input("--kind chooses the workload of --run; give --run DURATION too")
         if o["keep"] and o["database"]:
@@ -100,7 +113,11 @@ reach its outcome within 30 s (the workers' log is shown), 2 on bad options."""
         started = time.monotonic()
         proc = subprocess.Popen(
             [sys.executable, "-m", "django", "demo", *args],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
         )
         try:
             for line in proc.stdout:
@@ -145,11 +162,37 @@ class Story:
     def start_worker(self, n):
         name = f"demo-{self.tag}-{n}"
         proc = subprocess.Popen(
-            [sys.executable, "-m", "django", "runworker", "--queue", QUEUE, "--name", name,
-             "--concurrency", "1", "--threads", "1", "--batch", "1", "--poll", "50ms",
-             "--lease", f"{LEASE}s", "--heartbeat", "500ms", "--recovery-interval", "500ms",
-             "--aging", f"{AGING}s", "--grace", "5s"],
-            env=child_env(), stdout=self.log, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "django",
+                "runworker",
+                "--queue",
+                QUEUE,
+                "--name",
+                name,
+                "--concurrency",
+                "1",
+                "--threads",
+                "1",
+                "--batch",
+                "1",
+                "--poll",
+                "50ms",
+                "--lease",
+                f"{LEASE}s",
+                "--heartbeat",
+                "500ms",
+                "--recovery-interval",
+                "500ms",
+                "--aging",
+                f"{AGING}s",
+                "--grace",
+                "5s",
+            ],
+            env=child_env(),
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
         )
         self.workers.append(proc)
         return proc
@@ -185,8 +228,10 @@ class Story:
             call_command("migrate", verbosity=0)
             unfinished = Job.objects.filter(queue_name=QUEUE, state__in=[State.PENDING, State.LEASED]).count()
             if unfinished:
-                raise cli.bad_input(f"queue {QUEUE!r} already holds {unfinished} unfinished jobs; "
-                                    "cancel them or run the demo on another database")
+                raise cli.bad_input(
+                    f"queue {QUEUE!r} already holds {unfinished} unfinished jobs; "
+                    "cancel them or run the demo on another database"
+                )
             self.first_id = (Job.objects.order_by("-id").values_list("id", flat=True).first() or 0) + 1
             self.priority_dispatch()
             self.retry_crash_delay()
@@ -213,10 +258,12 @@ class Story:
 
     def priority_dispatch(self):
         self.say("1. Priority dispatch: three emails enqueued together, priorities 0, 20 and 5")
-        jobs = bulk_enqueue([
-            {"kind": "email", "payload": {"to": f"p{p}@example.com"}, "priority": p, "queue_name": QUEUE}
-            for p in (0, 20, 5)
-        ])
+        jobs = bulk_enqueue(
+            [
+                {"kind": "email", "payload": {"to": f"p{p}@example.com"}, "priority": p, "queue_name": QUEUE}
+                for p in (0, 20, 5)
+            ]
+        )
         self.start_worker(1)
         self.say("   worker 1 started (manage.py runworker: 1 process, leases 1 job at a time)")
         self.wait("the three emails", self.settled(*jobs))
@@ -231,8 +278,10 @@ class Story:
         self.wait("the flaky job", self.settled(flaky))
         failed = Event.objects.get(job_id=flaky.id, type=EventType.FAILED)
         flaky.refresh_from_db()
-        self.say(f"   attempt 1: {failed.metadata['error']['type']}: {failed.message}; "
-                 f"retried after a {failed.metadata['delay']:g}s backoff")
+        self.say(
+            f"   attempt 1: {failed.metadata['error']['type']}: {failed.message}; "
+            f"retried after a {failed.metadata['delay']:g}s backoff"
+        )
         self.say(f"   attempt {flaky.attempts}: {flaky.state}, result {cli.compact(flaky.result)}")
 
         self.say("3. A handler crash: a job whose handler kills its own worker process (exit 70)")
@@ -250,9 +299,13 @@ class Story:
         self.say(f"   waited as scheduled, claimed {verdict}; {later.state}")
 
     def killed_worker(self):
-        self.say(f"5. A worker killed mid-job: worker 1 gets SIGKILL while running a 1.5s job (lease {LEASE:g}s)")
+        self.say(
+            f"5. A worker killed mid-job: worker 1 gets SIGKILL while running a 1.5s job (lease {LEASE:g}s)"
+        )
         slow = enqueue("slow", {"seconds": 1.5}, queue_name=QUEUE)
-        self.wait("the slow job to start", lambda: Job.objects.filter(id=slow.id, state=State.LEASED).exists())
+        self.wait(
+            "the slow job to start", lambda: Job.objects.filter(id=slow.id, state=State.LEASED).exists()
+        )
         time.sleep(0.3)
         victim = self.workers[0]
         victim.send_signal(signal.SIGKILL)
@@ -260,8 +313,10 @@ class Story:
         self.say("   worker 1 is gone; the job stays leased, and nobody renews its lease")
         self.start_worker(2)
         self.say("   worker 2 started; it sweeps for expired leases every 0.5s")
-        self.wait("the orphan to be recovered", lambda: Event.objects.filter(
-            job_id=slow.id, type=EventType.RECOVERED).exists())
+        self.wait(
+            "the orphan to be recovered",
+            lambda: Event.objects.filter(job_id=slow.id, type=EventType.RECOVERED).exists(),
+        )
         recovered = Event.objects.get(job_id=slow.id, type=EventType.RECOVERED)
         lease_end = recovered.metadata["error"]["message"].rsplit(" ", 1)[-1]
         late = "after" if recovered.at.isoformat() >= lease_end else "BEFORE"
@@ -272,10 +327,17 @@ class Story:
 
     def aging(self):
         self.say(f"6. Priority aging: a waiting job earns a point of priority every {AGING:g}s")
-        blocker, low = bulk_enqueue([
-            {"kind": "slow", "payload": {"seconds": 2}, "priority": 50, "queue_name": QUEUE},
-            {"kind": "email", "payload": {"to": "patient@example.com"}, "priority": 0, "queue_name": QUEUE},
-        ])
+        blocker, low = bulk_enqueue(
+            [
+                {"kind": "slow", "payload": {"seconds": 2}, "priority": 50, "queue_name": QUEUE},
+                {
+                    "kind": "email",
+                    "payload": {"to": "patient@example.com"},
+                    "priority": 0,
+                    "queue_name": QUEUE,
+                },
+            ]
+        )
         self.wait("the busy worker", lambda: Job.objects.filter(id=blocker.id, state=State.LEASED).exists())
         self.say("   worker 2 is busy for 2s; a priority-0 email waits")
         pause = low.run_at.timestamp() + 5.5 * AGING - time.time()
@@ -285,7 +347,11 @@ class Story:
         self.wait("the two emails", self.settled(blocker, low, high))
         first, second = claims([low, high])
         earned = ordering.effective_priority(0, low.run_at, first.at, AGING)
-        winner = "the older priority-0 email ran first" if first.job_id == low.id else "the priority-4 email ran first"
+        winner = (
+            "the older priority-0 email ran first"
+            if first.job_id == low.id
+            else "the priority-4 email ran first"
+        )
         self.say(f"   {winner}: it had earned {'more than 4' if earned > 4 else str(earned)} points by then")
 
     def dead_letter(self):
@@ -293,12 +359,16 @@ class Story:
         bad = enqueue("email", {"to": "nobody"}, max_attempts=2, queue_name=QUEUE)
         self.wait("the dead letter", self.settled(bad, state=State.DEAD_LETTER))
         bad.refresh_from_db()
-        self.say(f"   both attempts failed ({bad.last_error['type']}: {bad.last_error['message']}): {bad.state}")
+        self.say(
+            f"   both attempts failed ({bad.last_error['type']}: {bad.last_error['message']}): {bad.state}"
+        )
         transitions.requeue(bad.id, payload={"to": "somebody@example.com"}, actor="demo")
-        self.say("   requeued with a corrected payload {\"to\": \"somebody@example.com\"}")
+        self.say('   requeued with a corrected payload {"to": "somebody@example.com"}')
         self.wait("the requeued email", self.settled(bad))
         bad.refresh_from_db()
-        self.say(f"   attempt {bad.attempts} after the requeue: {bad.state}, result {cli.compact(bad.result)}")
+        self.say(
+            f"   attempt {bad.attempts} after the requeue: {bad.state}, result {cli.compact(bad.result)}"
+        )
 
     def stream(self, seconds, kinds):
         self.say(f"8. Sample workload for {seconds:g}s: {', '.join(kinds)}")
@@ -314,8 +384,15 @@ class Story:
                 n += 1
                 bar.advance(bar.task, 1)
                 time.sleep(0.25)
-        self.wait("the sample jobs", lambda: not Job.objects.filter(
-            id__in=[j.id for j in jobs], state__in=[State.PENDING, State.LEASED]).exists(), timeout=60)
+        self.wait(
+            "the sample jobs",
+            lambda: (
+                not Job.objects.filter(
+                    id__in=[j.id for j in jobs], state__in=[State.PENDING, State.LEASED]
+                ).exists()
+            ),
+            timeout=60,
+        )
         done = Job.objects.filter(id__in=[j.id for j in jobs], state=State.COMPLETED).count()
         self.say(f"   {n} jobs enqueued, {done} completed")
 
@@ -342,4 +419,3 @@ def claims(jobs):
     for e in Event.objects.filter(job_id__in=[j.id for j in jobs], type=EventType.CLAIMED).order_by("id"):
         first.setdefault(e.job_id, e)
     return sorted(first.values(), key=lambda e: e.id)
-

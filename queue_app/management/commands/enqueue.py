@@ -1,16 +1,34 @@
 """manage.py enqueue: put one job on the queue from the command line."""
+
 import argparse
 
-from queue_app.ops import cli
-from queue_app.core import enqueueing
-from queue_app.ops import reads as inspection
 from queue_app.conf import settings
+from queue_app.core import enqueueing
 from queue_app.exceptions import InvalidJob
+from queue_app.ops import cli
+from queue_app.ops import reads as inspection
 
 # Keys the JSON-document form accepts, as the Python API names them.
-DOCUMENT_KEYS = {"kind", "payload", "queue", "queue_name", "priority", "idempotency_key", "concurrency_key",
-                 "max_attempts", "run_at", "run_after", "timeout", "unique_for", "on_success", "on_failure",
-                 "webhook_url", "backoff_base", "backoff_max", "backoff_jitter"}
+DOCUMENT_KEYS = {
+    "kind",
+    "payload",
+    "queue",
+    "queue_name",
+    "priority",
+    "idempotency_key",
+    "concurrency_key",
+    "max_attempts",
+    "run_at",
+    "run_after",
+    "timeout",
+    "unique_for",
+    "on_success",
+    "on_failure",
+    "webhook_url",
+    "backoff_base",
+    "backoff_max",
+    "backoff_jitter",
+}
 # Flags whose value is JSON: a follow-up job template.
 TEMPLATE_FLAGS = ("on_success", "on_failure")
 BACKOFF_FLAGS = ("backoff_base", "backoff_max", "backoff_jitter")
@@ -57,44 +75,85 @@ the same job object that inspect --json lists.
 Exit status 2 on bad input (nothing is written)."""
 
     def add_arguments(self, parser):
-        parser.add_argument("document", nargs="?", metavar="JSON",
-                            help="The whole job as a JSON object: kind, payload and any option below "
-                                 "(queue, priority, idempotency_key, concurrency_key, max_attempts, run_at, "
-                                 "run_after, timeout, unique_for, on_success, on_failure, webhook_url, "
-                                 "backoff_base, backoff_max, backoff_jitter).")
+        parser.add_argument(
+            "document",
+            nargs="?",
+            metavar="JSON",
+            help="The whole job as a JSON object: kind, payload and any option below "
+            "(queue, priority, idempotency_key, concurrency_key, max_attempts, run_at, "
+            "run_after, timeout, unique_for, on_success, on_failure, webhook_url, "
+            "backoff_base, backoff_max, backoff_jitter).",
+        )
         parser.add_argument("--kind", help="Handler that runs the job, e.g. email.")
         parser.add_argument("--payload", metavar="JSON", help="The job's JSON payload (default {}).")
-        parser.add_argument("--command", metavar="SHELL",
-                            help='A shell command, run by the "shell" kind (only when SHELL_JOBS is on).')
+        parser.add_argument(
+            "--command",
+            metavar="SHELL",
+            help='A shell command, run by the "shell" kind (only when SHELL_JOBS is on).',
+        )
         parser.add_argument("--queue", help=f"Queue name (default {settings.DEFAULT_QUEUE!r}).")
         parser.add_argument("--priority", type=cli.integer, help="-100..100, higher runs first (default 0).")
         parser.add_argument("--idempotency-key", metavar="KEY", help="Same key, same job: no duplicate.")
-        parser.add_argument("--concurrency-key", metavar="KEY",
-                            help="With the kind's per-key limit (limits KIND --per-key N), at most N jobs "
-                                 "with this key run at once.")
-        parser.add_argument("--max-attempts", type=cli.integer, metavar="N",
-                            help=f"Attempt budget (default {settings.DEFAULT_MAX_ATTEMPTS}).")
+        parser.add_argument(
+            "--concurrency-key",
+            metavar="KEY",
+            help="With the kind's per-key limit (limits KIND --per-key N), at most N jobs "
+            "with this key run at once.",
+        )
+        parser.add_argument(
+            "--max-attempts",
+            type=cli.integer,
+            metavar="N",
+            help=f"Attempt budget (default {settings.DEFAULT_MAX_ATTEMPTS}).",
+        )
         when = parser.add_mutually_exclusive_group()
         when.add_argument("--run-at", metavar="RFC3339", help="Earliest start, e.g. 2026-12-01T09:00:00Z.")
         when.add_argument("--run-after", type=cli.duration, metavar="DURATION", help="Delay, e.g. 30s or 5m.")
-        parser.add_argument("--timeout", type=cli.duration, metavar="DURATION", help="Execution limit, e.g. 2m.")
-        parser.add_argument("--unique-for", type=cli.duration, metavar="DURATION",
-                            help="With --idempotency-key: the key dedupes only this long after the first job "
-                                 "was enqueued, e.g. 1h (default: as long as that job is live).")
-        parser.add_argument("--on-success", metavar="JSON",
-                            help='Enqueue this follow-up job when this one completes: {"kind": ..., "payload": {...}, '
-                                 "options}; the parent's outcome is added to its payload under \"parent\".")
-        parser.add_argument("--on-failure", metavar="JSON",
-                            help="Enqueue this follow-up job when this one is dead-lettered (same shape).")
-        parser.add_argument("--webhook-url", metavar="URL",
-                            help="POST the outcome here when the job finishes (http or https; the host must be "
-                                 "in WEBHOOK_ALLOWED_HOSTS).")
-        parser.add_argument("--backoff-base", type=number, metavar="B",
-                            help=f"Retry after B ** attempt seconds, 1..100 (default {settings.BACKOFF_BASE:g}).")
-        parser.add_argument("--backoff-max", type=cli.duration, metavar="DURATION",
-                            help=f"Cap on one retry delay, e.g. 10m (default {settings.BACKOFF_MAX_SECONDS:g}s).")
-        parser.add_argument("--backoff-jitter", action=argparse.BooleanOptionalAction, default=None,
-                            help=f"Spread each retry over 0..delay (default {'on' if settings.BACKOFF_JITTER else 'off'}).")
+        parser.add_argument(
+            "--timeout", type=cli.duration, metavar="DURATION", help="Execution limit, e.g. 2m."
+        )
+        parser.add_argument(
+            "--unique-for",
+            type=cli.duration,
+            metavar="DURATION",
+            help="With --idempotency-key: the key dedupes only this long after the first job "
+            "was enqueued, e.g. 1h (default: as long as that job is live).",
+        )
+        parser.add_argument(
+            "--on-success",
+            metavar="JSON",
+            help='Enqueue this follow-up job when this one completes: {"kind": ..., "payload": {...}, '
+            'options}; the parent\'s outcome is added to its payload under "parent".',
+        )
+        parser.add_argument(
+            "--on-failure",
+            metavar="JSON",
+            help="Enqueue this follow-up job when this one is dead-lettered (same shape).",
+        )
+        parser.add_argument(
+            "--webhook-url",
+            metavar="URL",
+            help="POST the outcome here when the job finishes (http or https; the host must be "
+            "in WEBHOOK_ALLOWED_HOSTS).",
+        )
+        parser.add_argument(
+            "--backoff-base",
+            type=number,
+            metavar="B",
+            help=f"Retry after B ** attempt seconds, 1..100 (default {settings.BACKOFF_BASE:g}).",
+        )
+        parser.add_argument(
+            "--backoff-max",
+            type=cli.duration,
+            metavar="DURATION",
+            help=f"Cap on one retry delay, e.g. 10m (default {settings.BACKOFF_MAX_SECONDS:g}s).",
+        )
+        parser.add_argument(
+            "--backoff-jitter",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help=f"Spread each retry over 0..delay (default {'on' if settings.BACKOFF_JITTER else 'off'}).",
+        )
         parser.add_argument("--json", action="store_true", help="Print {created, job} as JSON (shape below).")
 
     def handle(self, *args, **o):
@@ -106,36 +165,63 @@ Exit status 2 on bad input (nothing is written)."""
         if o["json"]:
             self.stdout.write(cli.dumps({"created": job.was_created, "job": inspection.job_dict(job)}))
         elif job.was_created:
-            self.stdout.write(f"enqueued job {job.id} ({job.kind}, queue {job.queue_name}, "
-                              f"priority {job.priority}, run at {cli.when(job.run_at)})")
+            self.stdout.write(
+                f"enqueued job {job.id} ({job.kind}, queue {job.queue_name}, "
+                f"priority {job.priority}, run at {cli.when(job.run_at)})"
+            )
         else:
-            self.stdout.write(f"idempotency key {job.idempotency_key!r} matched existing job {job.id} "
-                              f"({job.state}); nothing new enqueued")
+            self.stdout.write(
+                f"idempotency key {job.idempotency_key!r} matched existing job {job.id} "
+                f"({job.state}); nothing new enqueued"
+            )
 
     def request(self, o):
         """Turn flags or the JSON document into enqueue() arguments; refuse bad input."""
-        flags = {k: o[k] for k in ("kind", "payload", "command", "queue", "priority", "idempotency_key",
-                                    "concurrency_key", "max_attempts", "run_at", "run_after", "timeout",
-                                    "unique_for", *TEMPLATE_FLAGS, "webhook_url", *BACKOFF_FLAGS)
-                 if o[k] is not None}
+        flags = {
+            k: o[k]
+            for k in (
+                "kind",
+                "payload",
+                "command",
+                "queue",
+                "priority",
+                "idempotency_key",
+                "concurrency_key",
+                "max_attempts",
+                "run_at",
+                "run_after",
+                "timeout",
+                "unique_for",
+                *TEMPLATE_FLAGS,
+                "webhook_url",
+                *BACKOFF_FLAGS,
+            )
+            if o[k] is not None
+        }
         if o["document"] is not None:
             if flags:
-                raise cli.bad_input(f"give the job as a JSON document or as flags, not both "
-                                    f"(got --{next(iter(flags)).replace('_', '-')})")
+                raise cli.bad_input(
+                    f"give the job as a JSON document or as flags, not both "
+                    f"(got --{next(iter(flags)).replace('_', '-')})"
+                )
             return self.from_document(o["document"])
         if o["command"] is not None:
             if o["kind"] or o["payload"]:
                 raise cli.bad_input("--command makes a shell job; leave out --kind and --payload")
             if not settings.SHELL_JOBS:
-                raise cli.bad_input('shell jobs are disabled: set JOBQUEUE["SHELL_JOBS"] = True '
-                                    '(JOBQUEUE_SHELL_JOBS=1 in the example project) to allow --command')
+                raise cli.bad_input(
+                    'shell jobs are disabled: set JOBQUEUE["SHELL_JOBS"] = True '
+                    "(JOBQUEUE_SHELL_JOBS=1 in the example project) to allow --command"
+                )
             if not o["command"].strip():
                 raise cli.bad_input("--command is empty")
             kind, payload = "shell", {"command": o["command"]}
         else:
             if not o["kind"]:
-                raise cli.bad_input("say what to run: --kind KIND [--payload JSON], a JSON document, "
-                                    "or --command (see --help)")
+                raise cli.bad_input(
+                    "say what to run: --kind KIND [--payload JSON], a JSON document, "
+                    "or --command (see --help)"
+                )
             kind = o["kind"]
             payload = cli.json_value(o["payload"]) if o["payload"] is not None else {}
         options = {
@@ -148,8 +234,11 @@ Exit status 2 on bad input (nothing is written)."""
             "run_after": o["run_after"],
             "timeout": o["timeout"],
             "unique_for": o["unique_for"],
-            **{k: cli.json_value(o[k], "--" + k.replace("_", "-"), '{"kind": "email", "payload": {}}')
-               for k in TEMPLATE_FLAGS if o[k] is not None},
+            **{
+                k: cli.json_value(o[k], "--" + k.replace("_", "-"), '{"kind": "email", "payload": {}}')
+                for k in TEMPLATE_FLAGS
+                if o[k] is not None
+            },
             "webhook_url": o["webhook_url"],
             **{k: o[k] for k in BACKOFF_FLAGS},
         }
@@ -158,11 +247,13 @@ Exit status 2 on bad input (nothing is written)."""
     def from_document(self, text):
         doc = cli.json_value(text, "the job document")
         if not isinstance(doc, dict):
-            raise cli.bad_input("the job document must be a JSON object with at least \"kind\"")
+            raise cli.bad_input('the job document must be a JSON object with at least "kind"')
         unknown = sorted(set(doc) - DOCUMENT_KEYS)
         if unknown:
-            raise cli.bad_input(f"unknown key(s) in the job document: {', '.join(unknown)}; "
-                                f"allowed: {', '.join(sorted(DOCUMENT_KEYS))}")
+            raise cli.bad_input(
+                f"unknown key(s) in the job document: {', '.join(unknown)}; "
+                f"allowed: {', '.join(sorted(DOCUMENT_KEYS))}"
+            )
         doc = dict(doc)
         kind = doc.pop("kind", None)
         if not kind:

@@ -1,8 +1,9 @@
 """manage.py history: a job and its whole event timeline."""
-from queue_app.worker import capture
+
+from queue_app.exceptions import JobNotFound
 from queue_app.ops import cli
 from queue_app.ops import reads as inspection
-from queue_app.exceptions import JobNotFound
+from queue_app.worker import capture
 
 
 class Command(cli.QueueCommand):
@@ -31,15 +32,19 @@ last OUTPUT_MAX_BYTES of each stream). Exit status 2 if the job does not exist."
             return
         console = self.console()
         j = data["job"]
-        console.print(f"[bold]job {j['id']}[/bold]: {j['kind']} on queue {j['queue']}, {j['status']}, "
-                      f"priority {j['priority']}, attempts {j['attempts']}/{j['max_attempts']}")
+        console.print(
+            f"[bold]job {j['id']}[/bold]: {j['kind']} on queue {j['queue']}, {j['status']}, "
+            f"priority {j['priority']}, attempts {j['attempts']}/{j['max_attempts']}"
+        )
         console.print(f"payload: {cli.compact(j['payload'])}", markup=False)
         if j["idempotency_key"]:
             console.print(f"idempotency key: {j['idempotency_key']}", markup=False)
         if j["concurrency_key"]:
             console.print(f"concurrency key: {j['concurrency_key']}", markup=False)
-        console.print(f"created {cli.when(j['created_at'])}, run at {cli.when(j['run_at'])}, "
-                      f"finished {cli.when(j['finished_at'])}")
+        console.print(
+            f"created {cli.when(j['created_at'])}, run at {cli.when(j['run_at'])}, "
+            f"finished {cli.when(j['finished_at'])}"
+        )
         if j["state"] == "completed":
             console.print(f"result: {cli.compact(j['result'])}", markup=False)
         if j["progress"] is not None:
@@ -51,8 +56,15 @@ last OUTPUT_MAX_BYTES of each stream). Exit status 2 if the job does not exist."
             console.print(f"abort requested {cli.when(j['cancel_requested_at'])}", markup=False)
         t = cli.table("AT", "EVENT", "TRY", "FROM", "TO", "WORKER", "MESSAGE", title="Timeline")
         for e in data["events"]:
-            t.add_row(cli.when(e["at"]), e["type"], str(e["attempt"]), e["from_state"], e["to_state"],
-                      e["worker"], e["message"][:80])
+            t.add_row(
+                cli.when(e["at"]),
+                e["type"],
+                str(e["attempt"]),
+                e["from_state"],
+                e["to_state"],
+                e["worker"],
+                e["message"][:80],
+            )
         console.print(t)
         for a in data["attempts"]:
             took = f" after {a['seconds']:.3f}s" if a["seconds"] is not None else ""

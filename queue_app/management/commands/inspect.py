@@ -1,7 +1,8 @@
 """manage.py inspect: state counts, the latest jobs and the latest events."""
+
+from queue_app.exceptions import InvalidJob
 from queue_app.ops import cli
 from queue_app.ops import reads as inspection
-from queue_app.exceptions import InvalidJob
 
 
 class Command(cli.QueueCommand):
@@ -12,7 +13,7 @@ class Command(cli.QueueCommand):
   manage.py inspect --state retrying --queue mail --limit 50
   manage.py inspect --json | jq '.states'
 
-states: {', '.join(inspection.STATUSES)}
+states: {", ".join(inspection.STATUSES)}
   (ready, scheduled and retrying are pending jobs: ready now, waiting for run_at, or failed before)
 
 --json prints one object: at, filters, states {{state: count}}, pending {{ready, scheduled,
@@ -23,8 +24,13 @@ retrying, oldest_ready_seconds}}, jobs [job...], events [event...]; times are IS
         parser.add_argument("--kind", help="Only jobs of this kind.")
         parser.add_argument("--queue", help="Only jobs in this queue.")
         parser.add_argument("--limit", type=cli.positive_int, default=20, help="Jobs to list (default 20).")
-        parser.add_argument("--events", type=cli.integer, default=10, metavar="N",
-                            help="Recent events to list (default 10; 0 for none).")
+        parser.add_argument(
+            "--events",
+            type=cli.integer,
+            default=10,
+            metavar="N",
+            help="Recent events to list (default 10; 0 for none).",
+        )
         parser.add_argument("--json", action="store_true", help="Print JSON.")
 
     def handle(self, *args, **o):
@@ -55,14 +61,29 @@ def render_jobs(console, jobs, title="Jobs (newest first)"):
     t = cli.table("ID", "KIND", "QUEUE", "STATUS", "PRIO", "TRIES", "RUN AT", "ERROR", title=title)
     for j in jobs:
         error = (j["last_error"] or {}).get("message", "") if j["state"] != "completed" else ""
-        t.add_row(str(j["id"]), j["kind"], j["queue"], j["status"], str(j["priority"]),
-                  f"{j['attempts']}/{j['max_attempts']}", cli.when(j["run_at"]), error[:60])
+        t.add_row(
+            str(j["id"]),
+            j["kind"],
+            j["queue"],
+            j["status"],
+            str(j["priority"]),
+            f"{j['attempts']}/{j['max_attempts']}",
+            cli.when(j["run_at"]),
+            error[:60],
+        )
     console.print(t)
 
 
 def render_events(console, events, title="Recent events (newest first)"):
     t = cli.table("AT", "JOB", "KIND", "EVENT", "TRY", "WORKER", "MESSAGE", title=title)
     for e in events:
-        t.add_row(cli.when(e["at"]), str(e["job_id"]), e.get("kind", ""), e["type"], str(e["attempt"]),
-                  e["worker"], e["message"][:60])
+        t.add_row(
+            cli.when(e["at"]),
+            str(e["job_id"]),
+            e.get("kind", ""),
+            e["type"],
+            str(e["attempt"]),
+            e["worker"],
+            e["message"][:60],
+        )
     console.print(t)

@@ -1,9 +1,10 @@
 """manage.py limits: per-kind concurrency and rate limits."""
+
 from django.db import transaction
 
-from queue_app.ops import cli
 from queue_app.core import flow
 from queue_app.exceptions import InvalidJob
+from queue_app.ops import cli
 
 _UNSET = flow._UNSET
 
@@ -31,19 +32,49 @@ Exit status 2 on a bad value (a number below 1, a bad kind name); nothing is wri
 
     def add_arguments(self, parser):
         parser.add_argument("kind", nargs="?", help="Kind to change; omit to list.")
-        parser.add_argument("--concurrency", type=_optional_int, default=_UNSET, metavar="N",
-                            help="Jobs leased at once; 'off' clears.")
-        parser.add_argument("--per-key", type=_optional_int, default=_UNSET, metavar="N",
-                            help="Jobs leased at once per concurrency key; 'off' clears.")
-        parser.add_argument("--rate", type=_optional_int, default=_UNSET, metavar="N",
-                            help="Starts per period; 'off' clears.")
-        parser.add_argument("--per", type=float, default=_UNSET, metavar="SECONDS", help="Rate period in seconds.")
+        parser.add_argument(
+            "--concurrency",
+            type=_optional_int,
+            default=_UNSET,
+            metavar="N",
+            help="Jobs leased at once; 'off' clears.",
+        )
+        parser.add_argument(
+            "--per-key",
+            type=_optional_int,
+            default=_UNSET,
+            metavar="N",
+            help="Jobs leased at once per concurrency key; 'off' clears.",
+        )
+        parser.add_argument(
+            "--rate", type=_optional_int, default=_UNSET, metavar="N", help="Starts per period; 'off' clears."
+        )
+        parser.add_argument(
+            "--per", type=float, default=_UNSET, metavar="SECONDS", help="Rate period in seconds."
+        )
         parser.add_argument("--clear", action="store_true", help="Remove every limit of the kind.")
         parser.add_argument("--sync", action="store_true", help="Load the LIMITS setting first.")
 
-    def handle(self, *args, kind=None, concurrency=_UNSET, per_key=_UNSET, rate=_UNSET, per=_UNSET,
-               clear=False, sync=False, **options):
-        if kind and not clear and concurrency is _UNSET and per_key is _UNSET and rate is _UNSET and per is _UNSET:
+    def handle(
+        self,
+        *args,
+        kind=None,
+        concurrency=_UNSET,
+        per_key=_UNSET,
+        rate=_UNSET,
+        per=_UNSET,
+        clear=False,
+        sync=False,
+        **options,
+    ):
+        if (
+            kind
+            and not clear
+            and concurrency is _UNSET
+            and per_key is _UNSET
+            and rate is _UNSET
+            and per is _UNSET
+        ):
             raise cli.bad_input("give --concurrency, --per-key, --rate/--per or --clear")
         try:
             # All or nothing: a bad LIMITS entry or value leaves every limit as it was.
@@ -51,9 +82,13 @@ Exit status 2 on a bad value (a number below 1, a bad kind name); nothing is wri
                 if sync:
                     self.stdout.write(f"synced {len(flow.sync_limits())} limit(s) from settings")
                 if kind and clear:
-                    self.stdout.write(f"cleared {kind}" if flow.clear_limit(kind) else f"{kind} had no limits")
+                    self.stdout.write(
+                        f"cleared {kind}" if flow.clear_limit(kind) else f"{kind} had no limits"
+                    )
                 elif kind:
-                    flow.set_limit(kind, concurrency=concurrency, per_key=per_key, rate_limit=rate, rate_period=per)
+                    flow.set_limit(
+                        kind, concurrency=concurrency, per_key=per_key, rate_limit=rate, rate_period=per
+                    )
         except InvalidJob as exc:
             raise cli.bad_input(str(exc)) from None
         rows = flow.limit_status()
@@ -62,5 +97,9 @@ Exit status 2 on a bad value (a number below 1, a bad kind name); nothing is wri
         for row, leased, in_window, keys_full in rows:
             conc = f"{leased}/{row.concurrency} leased" if row.concurrency else f"{leased} leased (no cap)"
             keys = f"{row.per_key} per key ({keys_full} at limit)" if row.per_key else "no per-key cap"
-            rate_text = f"{in_window}/{row.rate_limit} per {row.rate_period:g}s" if row.rate_limit else "no rate limit"
+            rate_text = (
+                f"{in_window}/{row.rate_limit} per {row.rate_period:g}s"
+                if row.rate_limit
+                else "no rate limit"
+            )
             self.stdout.write(f"{row.kind:<30} {conc:<24} {keys:<28} {rate_text}")

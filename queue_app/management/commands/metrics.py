@@ -1,7 +1,7 @@
 """manage.py metrics: the Prometheus exposition, printed once or served."""
+
 from queue_app.core import addresses
-from queue_app.ops import cli
-from queue_app.ops import metrics
+from queue_app.ops import cli, metrics
 from queue_app.web import metrics_http
 
 
@@ -20,7 +20,9 @@ on a malformed --addr, 1 when the address cannot be listened on (e.g. the port i
     def add_arguments(self, parser):
         parser.add_argument("--once", action="store_true", help="Print one scrape to stdout and exit.")
         parser.add_argument(
-            "--addr", default=":9090", help="Where to serve /metrics, e.g. :9090 or 127.0.0.1:9090 (default :9090)."
+            "--addr",
+            default=":9090",
+            help="Where to serve /metrics, e.g. :9090 or 127.0.0.1:9090 (default :9090).",
         )
 
     def handle(self, *args, once=False, addr=":9090", **options):

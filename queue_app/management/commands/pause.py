@@ -1,7 +1,8 @@
 """manage.py pause: hold back a queue's or a kind's pending jobs on every worker."""
-from queue_app.ops import cli
+
 from queue_app.core import flow
 from queue_app.exceptions import InvalidJob
+from queue_app.ops import cli
 
 
 class Command(cli.QueueCommand):
@@ -20,7 +21,9 @@ name (nothing is written)."""
         target.add_argument("--queue", help="Queue to pause.")
         target.add_argument("--kind", help="Kind to pause.")
         parser.add_argument("--reason", default="", help="Why; shown in the admin and dashboard.")
-        parser.add_argument("--list", action="store_true", help="List what is paused and the jobs held back (the default).")
+        parser.add_argument(
+            "--list", action="store_true", help="List what is paused and the jobs held back (the default)."
+        )
 
     def handle(self, *args, queue=None, kind=None, reason="", list=False, **options):
         if list or (queue is None and kind is None):
@@ -28,7 +31,9 @@ name (nothing is written)."""
             if not rows:
                 self.stdout.write("nothing is paused")
             for p, held in rows:
-                self.stdout.write(f"{p.scope:<6} {p.name:<30} {held:>8} pending  since {p.created_at:%Y-%m-%d %H:%M:%S}  {p.reason}")
+                self.stdout.write(
+                    f"{p.scope:<6} {p.name:<30} {held:>8} pending  since {p.created_at:%Y-%m-%d %H:%M:%S}  {p.reason}"
+                )
             return
         try:
             _, created = flow.pause(queue=queue, kind=kind, actor="manage.py", reason=reason)

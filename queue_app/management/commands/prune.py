@@ -1,7 +1,7 @@
 """manage.py prune: delete old finished jobs with their events."""
-from queue_app.ops import cli
-from queue_app.ops import maintenance
+
 from queue_app.exceptions import InvalidJob
+from queue_app.ops import cli, maintenance
 
 
 class Command(cli.QueueCommand):
@@ -20,13 +20,29 @@ The metrics' event counters are brought up to date first, so jobqueue_events_tot
 goes down. Exit status 2 on a bad duration or state (nothing is deleted)."""
 
     def add_arguments(self, parser):
-        parser.add_argument("--older-than", type=cli.duration, required=True, metavar="DURATION",
-                            help="Finished more than this long ago, e.g. 7d, 12h.")
-        parser.add_argument("--state", action="append", dest="states", metavar="STATE",
-                            help="completed, cancelled or dead_letter (repeatable; default completed and cancelled).")
-        parser.add_argument("--batch-size", type=cli.positive_int, metavar="N",
-                            help="Jobs per transaction (default PRUNE_BATCH_SIZE).")
-        parser.add_argument("--dry-run", action="store_true", help="Count what would be deleted; delete nothing.")
+        parser.add_argument(
+            "--older-than",
+            type=cli.duration,
+            required=True,
+            metavar="DURATION",
+            help="Finished more than this long ago, e.g. 7d, 12h.",
+        )
+        parser.add_argument(
+            "--state",
+            action="append",
+            dest="states",
+            metavar="STATE",
+            help="completed, cancelled or dead_letter (repeatable; default completed and cancelled).",
+        )
+        parser.add_argument(
+            "--batch-size",
+            type=cli.positive_int,
+            metavar="N",
+            help="Jobs per transaction (default PRUNE_BATCH_SIZE).",
+        )
+        parser.add_argument(
+            "--dry-run", action="store_true", help="Count what would be deleted; delete nothing."
+        )
 
     def handle(self, *args, **o):
         states = o["states"] or maintenance.PRUNE_DEFAULT
@@ -37,11 +53,18 @@ goes down. Exit status 2 on a bad duration or state (nothing is deleted)."""
         what = ", ".join(states)
         if o["dry_run"]:
             out = maintenance.prune(o["older_than"], states, dry_run=True)
-            self.stdout.write(f"would delete {out.jobs} jobs ({what}), {out.events} events "
-                              f"and {out.dead_letters} dead letters")
+            self.stdout.write(
+                f"would delete {out.jobs} jobs ({what}), {out.events} events "
+                f"and {out.dead_letters} dead letters"
+            )
             return
         with cli.progress(self.console(), "pruning", total) as bar:
-            out = maintenance.prune(o["older_than"], states, batch_size=o["batch_size"],
-                                    progress=lambda n: bar.advance(bar.task, n))
-        self.stdout.write(f"deleted {out.jobs} jobs ({what}), {out.events} events "
-                          f"and {out.dead_letters} dead letters")
+            out = maintenance.prune(
+                o["older_than"],
+                states,
+                batch_size=o["batch_size"],
+                progress=lambda n: bar.advance(bar.task, n),
+            )
+        self.stdout.write(
+            f"deleted {out.jobs} jobs ({what}), {out.events} events and {out.dead_letters} dead letters"
+        )

@@ -1,13 +1,12 @@
 """manage.py requeue: bring a dead-lettered (or cancelled) job back, or many at once."""
+
 import sys
 
-from queue_app.ops import cli
-from queue_app.ops import maintenance
-from queue_app.core import transitions
-from queue_app.core import validation
+from queue_app.core import transitions, validation
 from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound
-from queue_app.ops.reads import Filters
 from queue_app.models import Job, State
+from queue_app.ops import cli, maintenance
+from queue_app.ops.reads import Filters
 
 _UNSET = object()
 
@@ -32,14 +31,25 @@ nothing is written then."""
         parser.add_argument("job_id", nargs="?", type=cli.job_id, metavar="ID", help="The job to requeue.")
         parser.add_argument("--payload", metavar="JSON", help="Replace the payload (one job only).")
         parser.add_argument("--max-attempts", type=cli.integer, metavar="N", help="New attempt budget.")
-        parser.add_argument("--all-matching", action="store_true",
-                            help="Requeue every job matching --state/--kind/--queue/--since.")
-        parser.add_argument("--state", choices=[State.DEAD_LETTER, State.CANCELLED], default=State.DEAD_LETTER,
-                            help="With --all-matching: which jobs (default dead_letter).")
+        parser.add_argument(
+            "--all-matching",
+            action="store_true",
+            help="Requeue every job matching --state/--kind/--queue/--since.",
+        )
+        parser.add_argument(
+            "--state",
+            choices=[State.DEAD_LETTER, State.CANCELLED],
+            default=State.DEAD_LETTER,
+            help="With --all-matching: which jobs (default dead_letter).",
+        )
         parser.add_argument("--kind", help="With --all-matching: only this kind.")
         parser.add_argument("--queue", help="With --all-matching: only this queue.")
-        parser.add_argument("--since", type=cli.duration, metavar="DURATION",
-                            help="With --all-matching: only jobs that finished within this long.")
+        parser.add_argument(
+            "--since",
+            type=cli.duration,
+            metavar="DURATION",
+            help="With --all-matching: only jobs that finished within this long.",
+        )
         parser.add_argument("--yes", "-y", action="store_true", help="Do not ask for confirmation.")
 
     def handle(self, *args, **o):
@@ -63,8 +73,10 @@ nothing is written then."""
             job = transitions.requeue(o["job_id"], **kwargs)
         except (InvalidJob, JobNotFound, InvalidTransition) as exc:
             raise cli.bad_input(str(exc)) from None
-        self.stdout.write(f"requeued job {job.id} ({job.kind}): pending, {job.max_attempts} attempts"
-                          + (", payload replaced" if payload is not _UNSET else ""))
+        self.stdout.write(
+            f"requeued job {job.id} ({job.kind}): pending, {job.max_attempts} attempts"
+            + (", payload replaced" if payload is not _UNSET else "")
+        )
 
     def requeue_matching(self, o):
         if o["job_id"] is not None:
@@ -96,5 +108,7 @@ nothing is written then."""
             out = maintenance.requeue_matching(
                 qs, max_attempts=o["max_attempts"], progress=lambda n: bar.advance(bar.task, n)
             )
-        self.stdout.write(f"requeued {out.done} jobs" + (f"; {out.skipped} skipped (changed meanwhile)"
-                                                         if out.skipped else ""))
+        self.stdout.write(
+            f"requeued {out.done} jobs"
+            + (f"; {out.skipped} skipped (changed meanwhile)" if out.skipped else "")
+        )

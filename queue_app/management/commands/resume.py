@@ -1,7 +1,8 @@
 """manage.py resume: let a paused queue's or kind's jobs be leased again."""
-from queue_app.ops import cli
+
 from queue_app.core import flow
 from queue_app.exceptions import InvalidJob
+from queue_app.ops import cli
 
 
 class Command(cli.QueueCommand):

@@ -1,14 +1,14 @@
 """manage.py runworker: run jobs until stopped (SIGTERM/SIGINT or `stopworkers`)."""
+
 import argparse
 import importlib
 
-from queue_app.ops import cli
-from queue_app.worker import sidecars
-from queue_app.worker import loop as worker
-from queue_app.worker import supervisor
-from queue_app.worker import registry as workers
-from queue_app.ops.cli import duration, positive_duration, positive_int
 from queue_app.conf import settings
+from queue_app.ops import cli
+from queue_app.ops.cli import duration, positive_duration, positive_int
+from queue_app.worker import loop as worker
+from queue_app.worker import registry as workers
+from queue_app.worker import sidecars, supervisor
 
 
 def _seconds(value, unset="none"):
@@ -38,46 +38,119 @@ cannot start (a server port taken, a worker of that name running), 2 on a bad fl
 
     def add_arguments(self, parser):
         s = settings
-        parser.add_argument("--queue", action="append", dest="queues", metavar="NAME",
-                            help=f"Queue to serve (repeatable); '*' serves all (default {', '.join(s.WORKER_QUEUES)}).")
-        parser.add_argument("--kind", action="append", dest="kinds", metavar="KIND",
-                            help=f"Only run jobs of this kind (repeatable; default {s.WORKER_KINDS or 'every kind'}).")
-        parser.add_argument("--concurrency", "-c", type=positive_int, metavar="N",
-                            help=f"Child processes (default {s.WORKER_CONCURRENCY}).")
-        parser.add_argument("--threads", type=positive_int, metavar="N",
-                            help=f"Threads per child process (default {s.WORKER_THREADS}).")
-        parser.add_argument("--batch", type=positive_int, metavar="N",
-                            help=f"Jobs leased per claim (default {s.WORKER_BATCH}).")
-        parser.add_argument("--lease", type=positive_duration, metavar="DURATION",
-                            help=f"Lease period of a claim (default {_seconds(s.LEASE_SECONDS)}).")
-        parser.add_argument("--poll", type=positive_duration, metavar="DURATION",
-                            help=f"How long an idle worker waits before looking again (default {_seconds(s.POLL_INTERVAL)}).")
-        parser.add_argument("--aging", type=duration, metavar="DURATION",
-                            help=f"Priority aging interval; 0 disables (default {_seconds(s.AGING_INTERVAL)}).")
-        parser.add_argument("--heartbeat", type=positive_duration, metavar="DURATION",
-                            help="Lease renewal interval, shorter than the lease "
-                                 f"(default {_seconds(s.HEARTBEAT_INTERVAL, 'lease/3')}).")
-        parser.add_argument("--recovery-interval", type=duration, metavar="DURATION",
-                            help="How often to recover expired leases; 0: only at start "
-                                 f"(default {_seconds(s.RECOVERY_INTERVAL)}).")
-        parser.add_argument("--grace", type=duration, metavar="DURATION",
-                            help=f"On shutdown, how long claimed jobs may finish (default {_seconds(s.GRACE_SECONDS)}).")
-        parser.add_argument("--timeout", type=positive_duration, metavar="DURATION",
-                            help=f"Timeout for jobs that set none (default {_seconds(s.DEFAULT_TIMEOUT, 'no limit')}).")
-        parser.add_argument("--max-jobs", type=positive_int, metavar="N",
-                            help=f"Exit after this many jobs (default {s.WORKER_MAX_JOBS or 'no limit'}).")
-        parser.add_argument("--max-runtime", type=positive_duration, metavar="DURATION",
-                            help="Exit (gracefully) after this long "
-                                 f"(default {_seconds(s.WORKER_MAX_RUNTIME, 'no limit')}).")
-        parser.add_argument("--burst", action=argparse.BooleanOptionalAction, default=None,
-                            help=f"Run the ready jobs, then exit (default {'on' if s.WORKER_BURST else 'off'}).")
+        parser.add_argument(
+            "--queue",
+            action="append",
+            dest="queues",
+            metavar="NAME",
+            help=f"Queue to serve (repeatable); '*' serves all (default {', '.join(s.WORKER_QUEUES)}).",
+        )
+        parser.add_argument(
+            "--kind",
+            action="append",
+            dest="kinds",
+            metavar="KIND",
+            help=f"Only run jobs of this kind (repeatable; default {s.WORKER_KINDS or 'every kind'}).",
+        )
+        parser.add_argument(
+            "--concurrency",
+            "-c",
+            type=positive_int,
+            metavar="N",
+            help=f"Child processes (default {s.WORKER_CONCURRENCY}).",
+        )
+        parser.add_argument(
+            "--threads",
+            type=positive_int,
+            metavar="N",
+            help=f"Threads per child process (default {s.WORKER_THREADS}).",
+        )
+        parser.add_argument(
+            "--batch",
+            type=positive_int,
+            metavar="N",
+            help=f"Jobs leased per claim (default {s.WORKER_BATCH}).",
+        )
+        parser.add_argument(
+            "--lease",
+            type=positive_duration,
+            metavar="DURATION",
+            help=f"Lease period of a claim (default {_seconds(s.LEASE_SECONDS)}).",
+        )
+        parser.add_argument(
+            "--poll",
+            type=positive_duration,
+            metavar="DURATION",
+            help=f"How long an idle worker waits before looking again (default {_seconds(s.POLL_INTERVAL)}).",
+        )
+        parser.add_argument(
+            "--aging",
+            type=duration,
+            metavar="DURATION",
+            help=f"Priority aging interval; 0 disables (default {_seconds(s.AGING_INTERVAL)}).",
+        )
+        parser.add_argument(
+            "--heartbeat",
+            type=positive_duration,
+            metavar="DURATION",
+            help="Lease renewal interval, shorter than the lease "
+            f"(default {_seconds(s.HEARTBEAT_INTERVAL, 'lease/3')}).",
+        )
+        parser.add_argument(
+            "--recovery-interval",
+            type=duration,
+            metavar="DURATION",
+            help="How often to recover expired leases; 0: only at start "
+            f"(default {_seconds(s.RECOVERY_INTERVAL)}).",
+        )
+        parser.add_argument(
+            "--grace",
+            type=duration,
+            metavar="DURATION",
+            help=f"On shutdown, how long claimed jobs may finish (default {_seconds(s.GRACE_SECONDS)}).",
+        )
+        parser.add_argument(
+            "--timeout",
+            type=positive_duration,
+            metavar="DURATION",
+            help=f"Timeout for jobs that set none (default {_seconds(s.DEFAULT_TIMEOUT, 'no limit')}).",
+        )
+        parser.add_argument(
+            "--max-jobs",
+            type=positive_int,
+            metavar="N",
+            help=f"Exit after this many jobs (default {s.WORKER_MAX_JOBS or 'no limit'}).",
+        )
+        parser.add_argument(
+            "--max-runtime",
+            type=positive_duration,
+            metavar="DURATION",
+            help=f"Exit (gracefully) after this long (default {_seconds(s.WORKER_MAX_RUNTIME, 'no limit')}).",
+        )
+        parser.add_argument(
+            "--burst",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help=f"Run the ready jobs, then exit (default {'on' if s.WORKER_BURST else 'off'}).",
+        )
         parser.add_argument("--name", help="Worker name in the registry (default: host:pid:random).")
-        parser.add_argument("--import", action="append", dest="imports", metavar="MODULE",
-                            help="Import this module first, e.g. one that registers handlers (repeatable).")
-        parser.add_argument("--metrics-addr", metavar="HOST:PORT",
-                            help="Also serve /metrics here (as `manage.py metrics --addr`), e.g. :9100.")
-        parser.add_argument("--web-addr", metavar="HOST:PORT",
-                            help="Also serve the admin, dashboard and API here (as `manage.py web --addr`).")
+        parser.add_argument(
+            "--import",
+            action="append",
+            dest="imports",
+            metavar="MODULE",
+            help="Import this module first, e.g. one that registers handlers (repeatable).",
+        )
+        parser.add_argument(
+            "--metrics-addr",
+            metavar="HOST:PORT",
+            help="Also serve /metrics here (as `manage.py metrics --addr`), e.g. :9100.",
+        )
+        parser.add_argument(
+            "--web-addr",
+            metavar="HOST:PORT",
+            help="Also serve the admin, dashboard and API here (as `manage.py web --addr`).",
+        )
 
     def handle(self, *args, **o):
         try:
@@ -87,8 +160,10 @@ cannot start (a server port taken, a worker of that name running), 2 on a bad fl
         if o["heartbeat"] is not None:
             lease = o["lease"] if o["lease"] is not None else settings.LEASE_SECONDS
             if o["heartbeat"] >= lease:
-                raise cli.bad_input(f"--heartbeat must be shorter than the lease ({lease:g}s), "
-                                    "or leases lapse between renewals")
+                raise cli.bad_input(
+                    f"--heartbeat must be shorter than the lease ({lease:g}s), "
+                    "or leases lapse between renewals"
+                )
         for module in o["imports"] or []:
             try:
                 importlib.import_module(module)

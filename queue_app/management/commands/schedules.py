@@ -1,9 +1,10 @@
 """manage.py schedules: the cron schedules and when each runs next."""
+
 from django.db import transaction
 
+from queue_app.exceptions import InvalidJob
 from queue_app.ops import cli
 from queue_app.worker import schedules as scheduling
-from queue_app.exceptions import InvalidJob
 
 
 class Command(cli.QueueCommand):
@@ -34,8 +35,12 @@ when --sync finds a bad schedule in the setting (nothing is written)."""
         if not rows:
             self.stdout.write("no schedules")
             return
-        self.stdout.write(f"{'name':<24} {'cron':<20} {'kind':<24} {'queue':<12} {'tz':<16} {'last tick':<26} next run")
+        self.stdout.write(
+            f"{'name':<24} {'cron':<20} {'kind':<24} {'queue':<12} {'tz':<16} {'last tick':<26} next run"
+        )
         for s, upcoming in rows:
             nxt = upcoming.isoformat() if upcoming else "disabled" if not s.enabled else "invalid"
             last = s.last_tick.isoformat() if s.last_tick else "-"
-            self.stdout.write(f"{s.name:<24} {s.cron:<20} {s.kind:<24} {s.queue_name:<12} {s.timezone:<16} {last:<26} {nxt}")
+            self.stdout.write(
+                f"{s.name:<24} {s.cron:<20} {s.kind:<24} {s.queue_name:<12} {s.timezone:<16} {last:<26} {nxt}"
+            )

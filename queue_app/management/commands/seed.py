@@ -1,6 +1,6 @@
 """manage.py seed: sample jobs for each bundled workload; running it twice adds nothing."""
-from queue_app.ops import cli
-from queue_app.ops import fixtures
+
+from queue_app.ops import cli, fixtures
 
 
 class Command(cli.QueueCommand):
@@ -14,12 +14,15 @@ class Command(cli.QueueCommand):
   manage.py seed --count 100          # more of each
   manage.py runworker --burst         # then run them
 
-workloads: {', '.join(fixtures.PAYLOADS)}"""
+workloads: {", ".join(fixtures.PAYLOADS)}"""
 
     def add_arguments(self, parser):
-        parser.add_argument("--kind", action="append", dest="kinds", metavar="KIND",
-                            help="Only this workload (repeatable).")
-        parser.add_argument("--count", type=cli.positive_int, default=3, help="Jobs per workload (default 3).")
+        parser.add_argument(
+            "--kind", action="append", dest="kinds", metavar="KIND", help="Only this workload (repeatable)."
+        )
+        parser.add_argument(
+            "--count", type=cli.positive_int, default=3, help="Jobs per workload (default 3)."
+        )
 
     def handle(self, *args, **o):
         try:
@@ -27,5 +30,7 @@ workloads: {', '.join(fixtures.PAYLOADS)}"""
         except ValueError as exc:
             raise cli.bad_input(str(exc)) from None
         with cli.progress(self.console(), "seeding", len(specs)) as bar:
-            created, existing = fixtures.seed(o["kinds"], o["count"], progress=lambda n: bar.advance(bar.task, n))
+            created, existing = fixtures.seed(
+                o["kinds"], o["count"], progress=lambda n: bar.advance(bar.task, n)
+            )
         self.stdout.write(f"seeded {len(created)} new jobs; {len(existing)} were already there")

@@ -1,4 +1,5 @@
 """manage.py stats: the same as status (QueueCTL's name for it)."""
+
 from queue_app.management.commands.status import Command as Status
 
 

@@ -1,4 +1,5 @@
 """manage.py status: counts by state, active workers and throughput."""
+
 from queue_app.ops import cli
 from queue_app.ops import reads as inspection
 
@@ -25,10 +26,14 @@ throughput {last_minute, last_hour: {completed, failed, per_minute}}."""
         console.print(cli.states_table(data["states"]))
         w = data["workers"]
         console.print(cli.pending_summary(data["pending"]))
-        console.print(f"workers: {w['running']} running, {w['stopping']} stopping, {w['lost']} lost; "
-                      f"{w['jobs_in_hand']} jobs in hand")
+        console.print(
+            f"workers: {w['running']} running, {w['stopping']} stopping, {w['lost']} lost; "
+            f"{w['jobs_in_hand']} jobs in hand"
+        )
         console.print(f"dead letters open: {data['dead_letters_open']}")
         t = cli.table("WINDOW", "COMPLETED", "FAILED", "PER MINUTE", title="Throughput")
         for window, row in data["throughput"].items():
-            t.add_row(window.replace("_", " "), str(row["completed"]), str(row["failed"]), f"{row['per_minute']:g}")
+            t.add_row(
+                window.replace("_", " "), str(row["completed"]), str(row["failed"]), f"{row['per_minute']:g}"
+            )
         console.print(t)

@@ -1,9 +1,10 @@
 """manage.py stopworkers: ask workers on any host to shut down gracefully."""
+
 import time
 
+from queue_app.models import Worker, WorkerState
 from queue_app.ops import cli
 from queue_app.worker import registry as workers
-from queue_app.models import Worker, WorkerState
 
 
 class Command(cli.QueueCommand):
@@ -20,10 +21,19 @@ Exit status 2 if a named worker is not running (nobody is asked), 1 if --wait ru
 before every worker asked has stopped."""
 
     def add_arguments(self, parser):
-        parser.add_argument("--worker", action="append", dest="names", metavar="NAME",
-                            help="Stop only this worker (repeatable). Default: all running workers.")
-        parser.add_argument("--wait", type=cli.duration, metavar="DURATION",
-                            help="Wait up to this long for them to stop; exit 1 if some have not.")
+        parser.add_argument(
+            "--worker",
+            action="append",
+            dest="names",
+            metavar="NAME",
+            help="Stop only this worker (repeatable). Default: all running workers.",
+        )
+        parser.add_argument(
+            "--wait",
+            type=cli.duration,
+            metavar="DURATION",
+            help="Wait up to this long for them to stop; exit 1 if some have not.",
+        )
 
     def handle(self, *args, **o):
         try:

@@ -1,13 +1,15 @@
 """manage.py web: serve the admin, dashboard, API and static files with gunicorn."""
+
 import os
 import sys
 
 from django.conf import settings as django_settings
 from django.core.management import call_command
 
+from queue_app.conf import settings
 from queue_app.core import addresses
 from queue_app.ops import cli
-from queue_app.conf import settings
+
 
 def parse_addr(addr):
     """':8080' -> '0.0.0.0:8080'; 'host:port' as given. Raise a bad-input CommandError when malformed."""
@@ -26,11 +28,18 @@ def _wsgi_app():
 def gunicorn_argv(addr, *, workers=None, timeout=None):
     """The gunicorn command line that serves the admin, dashboard and static files."""
     return [
-        sys.executable, "-m", "gunicorn", _wsgi_app(),
-        "--bind", parse_addr(addr),
-        "--workers", str(workers or settings.WEB_WORKERS),
-        "--timeout", str(timeout or settings.WEB_TIMEOUT),
-        "--access-logfile", "-",
+        sys.executable,
+        "-m",
+        "gunicorn",
+        _wsgi_app(),
+        "--bind",
+        parse_addr(addr),
+        "--workers",
+        str(workers or settings.WEB_WORKERS),
+        "--timeout",
+        str(timeout or settings.WEB_TIMEOUT),
+        "--access-logfile",
+        "-",
         # Several servers may run on one host; none needs the shared control socket.
         "--no-control-socket",
     ]
@@ -49,14 +58,29 @@ Exit status 2 on a malformed --addr or a number below 1; gunicorn's own status o
 (e.g. 1 when the port is taken)."""
 
     def add_arguments(self, parser):
-        parser.add_argument("--addr", default=settings.WEB_ADDR,
-                            help=f"HOST:PORT, or :PORT for all interfaces (default {settings.WEB_ADDR}).")
-        parser.add_argument("--workers", type=cli.positive_int, default=None, metavar="N",
-                            help=f"gunicorn worker processes (default {settings.WEB_WORKERS}).")
-        parser.add_argument("--timeout", type=cli.positive_int, default=None, metavar="SECONDS",
-                            help=f"Seconds before a request is killed (default {settings.WEB_TIMEOUT}).")
         parser.add_argument(
-            "--no-collectstatic", action="store_true", help="Serve STATIC_ROOT as it is, without collecting first."
+            "--addr",
+            default=settings.WEB_ADDR,
+            help=f"HOST:PORT, or :PORT for all interfaces (default {settings.WEB_ADDR}).",
+        )
+        parser.add_argument(
+            "--workers",
+            type=cli.positive_int,
+            default=None,
+            metavar="N",
+            help=f"gunicorn worker processes (default {settings.WEB_WORKERS}).",
+        )
+        parser.add_argument(
+            "--timeout",
+            type=cli.positive_int,
+            default=None,
+            metavar="SECONDS",
+            help=f"Seconds before a request is killed (default {settings.WEB_TIMEOUT}).",
+        )
+        parser.add_argument(
+            "--no-collectstatic",
+            action="store_true",
+            help="Serve STATIC_ROOT as it is, without collecting first.",
         )
 
     def handle(self, *args, addr, workers, timeout, no_collectstatic, **options):

@@ -1,6 +1,7 @@
 """manage.py workers: list registered workers with the age of their heartbeat."""
-from queue_app.ops import cli
+
 from queue_app.core import durations
+from queue_app.ops import cli
 from queue_app.worker import registry as workers
 
 
@@ -33,10 +34,15 @@ float), stop_requested (bool)}."""
         header = ("NAME", "HOST", "PID", "STATUS", "QUEUES", "PROCS", "IN HAND", "DONE", "HEARTBEAT")
         table = [header] + [
             (
-                r["name"], r["host"], str(r["pid"]),
-                r["status"] + (" (stop requested)" if r["stop_requested"] and r["status"] != "stopped" else ""),
+                r["name"],
+                r["host"],
+                str(r["pid"]),
+                r["status"]
+                + (" (stop requested)" if r["stop_requested"] and r["status"] != "stopped" else ""),
                 ",".join(r["queues"]) + (f" kinds={','.join(r['kinds'])}" if r["kinds"] else ""),
-                f"{r['concurrency']}x{r['threads']}", str(r["jobs_in_hand"]), str(r["jobs_done"]),
+                f"{r['concurrency']}x{r['threads']}",
+                str(r["jobs_in_hand"]),
+                str(r["jobs_done"]),
                 durations.format(r["heartbeat_age"]) + " ago",
             )
             for r in rows
