@@ -12,7 +12,7 @@ import socket
 import traceback
 import uuid
 
-from queue_app.core import events, transitions
+from queue_app.core import events, transitions, validation
 from queue_app.exceptions import UnknownKind
 from queue_app.handlers import context as running
 from queue_app.handlers import registry
@@ -66,66 +66,65 @@ async def _await(awaitable):
     return await awaitable
 
 
+class _Unstorable(Exception):
+    """The handler returned something JSON cannot hold (recorded as the original error)."""
+
+    def __init__(self, error):
+        super().__init__(str(error))
+        self.error = error
+
+
+def attempt(job, worker_id, output, *, abort_probe=None):
+    """Run the job's handler with its output captured; return the result as it will be
+    stored. Raise running.Aborted, or the handler's error (see failure())."""
+    with output:
+        value = call_handler(job, worker_id=worker_id, abort_probe=abort_probe)
+    try:
+        return validation.payload(value, "result")
+    except ValueError as exc:
+        raise _Unstorable(exc) from exc
+
+
+def failure(job, exc):
+    """How a failed attempt is recorded: (the stored error, whether it may retry). The one
+    rule, for execute() and the worker's batched path alike; call it in the except block."""
+    log.info("failed id=%s kind=%s attempt=%s: %r", job.id, job.kind, job.attempts, exc)
+    if isinstance(exc, _Unstorable):
+        # Running it again returns the same value: dead-letter at once.
+        return events.error_info(exc.error), False
+    if isinstance(exc, UnknownKind):
+        # Retrying cannot help until someone deploys a handler: dead-letter at once.
+        return events.error_info(exc), False
+    return events.error_info(exc, traceback.format_exc()), True
+
+
 def execute(job, worker_id, *, abort_probe=None, using=None):
     """Run a claimed job and record the outcome; return the new state (None if the lease was lost)."""
     output = capture.Capture()  # what the handler prints goes with the attempt's event
     try:
-        with output:
-            result = call_handler(job, worker_id=worker_id, abort_probe=abort_probe)
+        result = attempt(job, worker_id, output, abort_probe=abort_probe)
     except running.Aborted as exc:
         return _settled(job, aborted(job, worker_id, exc, using=using), using)
-    except UnknownKind as exc:
-        # Retrying cannot help until someone deploys a handler: dead-letter at once.
-        return _settled(
-            job,
-            transitions.fail(
-                job.id,
-                worker_id=worker_id,
-                attempt=job.attempts,
-                error=events.error_info(exc),
-                retry=False,
-                output=output.value(),
-                using=using,
-            ),
-            using,
-        )
     except Exception as exc:
-        log.info("failed id=%s kind=%s attempt=%s: %r", job.id, job.kind, job.attempts, exc)
-        return _settled(
-            job,
-            transitions.fail(
-                job.id,
-                worker_id=worker_id,
-                attempt=job.attempts,
-                error=events.error_info(exc, traceback.format_exc()),
-                output=output.value(),
-                using=using,
-            ),
-            using,
-        )
-    try:
-        done = transitions.complete(
+        error, retry = failure(job, exc)
+        state = transitions.fail(
             job.id,
             worker_id=worker_id,
             attempt=job.attempts,
-            result=result,
+            error=error,
+            retry=retry,
             output=output.value(),
             using=using,
         )
-    except ValueError as exc:  # the handler returned something JSON cannot hold
-        return _settled(
-            job,
-            transitions.fail(
-                job.id,
-                worker_id=worker_id,
-                attempt=job.attempts,
-                error=events.error_info(exc),
-                retry=False,
-                output=output.value(),
-                using=using,
-            ),
-            using,
-        )
+        return _settled(job, state, using)
+    done = transitions.complete(
+        job.id,
+        worker_id=worker_id,
+        attempt=job.attempts,
+        result=result,
+        output=output.value(),
+        using=using,
+    )
     return _settled(job, "completed" if done else None, using)
 
 

@@ -18,15 +18,13 @@ import os
 import signal
 import threading
 import time
-import traceback
 from collections import deque
 from dataclasses import dataclass
 
 from django.db import close_old_connections, connection, connections
 
 from queue_app.conf import settings
-from queue_app.core import events, transitions, validation
-from queue_app.exceptions import UnknownKind
+from queue_app.core import transitions
 from queue_app.handlers import context as running
 from queue_app.worker import capture, execution
 from queue_app.worker.wakeup import Waiter
@@ -96,13 +94,13 @@ def run_once(options=None, *, worker_id=None):
 
 
 def _claim_options(options, limit):
-    return dict(
-        limit=limit,
-        queues=list(options.queues),
-        kinds=list(options.kinds) or None,
-        lease_seconds=options.lease,
-        aging=options.aging,
-    )
+    return {
+        "limit": limit,
+        "queues": list(options.queues),
+        "kinds": list(options.kinds) or None,
+        "lease_seconds": options.lease,
+        "aging": options.aging,
+    }
 
 
 def _claim(options, owner, limit):
@@ -265,22 +263,20 @@ class Loop:
         returned; a crash before the flush means those jobs run again (at-least-once)."""
         output = capture.Capture()  # as execute(): per thread, kept with the attempt
         try:
-            with output:
-                value = execution.call_handler(job, worker_id=self.owner, abort_probe=abort_probe)
+            result = execution.attempt(job, self.owner, output, abort_probe=abort_probe)
         except running.Aborted as exc:
             execution.aborted(job, self.owner, exc)
             return
-        except UnknownKind as exc:
-            # As execute(): retrying cannot help until a handler is deployed.
-            self._fail(job, exc, retry=False, output=output.value())
-            return
         except Exception as exc:
-            self._fail(job, exc, output=output.value())
-            return
-        try:
-            result = validation.payload(value, "result")
-        except ValueError as exc:  # the handler returned something JSON cannot hold
-            self._fail(job, exc, retry=False, output=output.value())
+            error, retry = execution.failure(job, exc)
+            transitions.fail(
+                job.id,
+                worker_id=self.owner,
+                attempt=job.attempts,
+                error=error,
+                retry=retry,
+                output=output.value(),
+            )
             return
         with self.ack_lock:
             if not self.acks:
@@ -293,18 +289,6 @@ class Loop:
         # another thread holds the claim.
         if due and self.buffer:
             self._flush_acks()
-
-    def _fail(self, job, exc, retry=True, output=None):
-        log.info("failed id=%s kind=%s attempt=%s: %r", job.id, job.kind, job.attempts, exc)
-        tb = traceback.format_exc() if retry else ""
-        transitions.fail(
-            job.id,
-            worker_id=self.owner,
-            attempt=job.attempts,
-            error=events.error_info(exc, tb),
-            retry=retry,
-            output=output,
-        )
 
     def _flusher(self):
         """Acknowledge finished jobs that have waited ACK_DELAY, e.g. behind a long job."""

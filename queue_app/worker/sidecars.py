@@ -10,6 +10,7 @@ orphan holding the port, and a worker that cannot serve what it was asked to ser
 refuses to start instead of running without it.
 """
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -66,10 +67,8 @@ def _command(args):
 
 
 def _die_with_parent():
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # not Linux: the parent's stop is all there is
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
     # An ignored SIGINT survives exec (a shell ignores it for background jobs), and
     # _stop() stops the servers with SIGINT.
     signal.signal(signal.SIGINT, signal.SIG_DFL)

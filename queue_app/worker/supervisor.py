@@ -27,6 +27,7 @@ unique to this run, so the supervisor settles exactly a dead child's jobs, and a
 worker reusing the name never renews (adopts) this run's leases.
 """
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -242,10 +243,8 @@ class Supervisor:
         return workers.owner_prefix(self.options.name, self.run_token)
 
     def _signal(self, child, sig):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(child.pid, sig)
-        except ProcessLookupError:
-            pass
 
     def _kill_all(self, why, settle=False):
         """Kill every child; with ``settle``, record what each had in hand as for a child
