@@ -8,6 +8,12 @@ PY=.venv/bin/python
 OUT=.test-results
 rm -rf "$OUT"; mkdir -p "$OUT"
 
+# Lint, format and the layer contract (pyproject.toml) first: a minute saved when they fail.
+echo "checks: ruff check, ruff format --check, lint-imports"
+.venv/bin/ruff check --quiet . || { echo "error: ruff check failed (run .venv/bin/ruff check --fix .)" >&2; exit 1; }
+.venv/bin/ruff format --check --quiet . || { echo "error: files need formatting (run .venv/bin/ruff format .)" >&2; exit 1; }
+.venv/bin/lint-imports --no-cache >"$OUT/lint-imports.log" 2>&1 || { cat "$OUT/lint-imports.log"; echo "error: the layer contract is broken" >&2; exit 1; }
+
 PG_URL="${JOBQUEUE_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/jobqueue}"
 MARIADB_URL="${JOBQUEUE_TEST_MARIADB_URL:-mysql://root@127.0.0.1:3306/jobqueue}"
 REQUIRE=" ${JOBQUEUE_REQUIRE_DBS:-} "

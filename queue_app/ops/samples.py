@@ -9,6 +9,7 @@ import json
 import os
 import time
 
+from queue_app.core import webhooks
 from queue_app.handlers import registry
 from queue_app.worker import shell as shell_kind
 
@@ -47,8 +48,6 @@ def webhook(payload):
         return {"signature": signature, "delivered": False}
     # The same guarded POST as job webhooks: only WEBHOOK_ALLOWED_HOSTS, vetted addresses,
     # no redirects or proxies, so a payload cannot make a worker call internal services.
-    from queue_app.core import webhooks
-
     status = webhooks.post(
         payload["url"], body, {"Content-Type": "application/json", "X-Signature-SHA256": signature}
     )
