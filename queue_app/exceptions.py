@@ -33,3 +33,12 @@ class UnknownKind(QueueError, LookupError):
     def __init__(self, kind):
         super().__init__(f"no handler registered for kind {kind!r}")
         self.kind = kind
+
+
+class UnstorableResult(QueueError):
+    """A handler returned a value the job cannot store (JSON cannot hold it, or it is too
+    large); ``error`` is the original error, which the failed attempt records."""
+
+    def __init__(self, error):
+        super().__init__(str(error))
+        self.error = error

@@ -11,8 +11,7 @@ from django.tasks import task_backends
 from django.tasks.signals import task_finished, task_started
 from django.utils.json import normalize_json
 
-from queue_app.core import validation
-from queue_app.exceptions import InvalidJob, UnknownKind
+from queue_app.exceptions import UnknownKind, UnstorableResult
 from queue_app.handlers import context as running
 from queue_app.handlers import registry
 from queue_app.models import Job
@@ -55,10 +54,10 @@ def run(job, task):
     else:
         value = task.call(*args, **kwargs)
     try:
-        return validation.payload(normalize_json(value), "the task's return value")
-    except (TypeError, ValueError, InvalidJob):
-        # Handed back as it is: recording it fails, and execute() dead-letters the job.
-        return value
+        return normalize_json(value)
+    except TypeError as exc:
+        # Django's own error for it (as its backends record it); not worth a retry.
+        raise UnstorableResult(exc) from exc
 
 
 def _takes_parent(task):

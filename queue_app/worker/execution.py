@@ -13,7 +13,7 @@ import traceback
 import uuid
 
 from queue_app.core import events, transitions, validation
-from queue_app.exceptions import UnknownKind
+from queue_app.exceptions import UnknownKind, UnstorableResult
 from queue_app.handlers import context as running
 from queue_app.handlers import registry
 from queue_app.tasks import running as task_running
@@ -36,42 +36,32 @@ def call_handler(job, *, worker_id=None, abort_probe=None):
     with running.activate(job, worker_id=worker_id or job.lease_owner, abort_probe=abort_probe) as ctx:
         try:
             result = _call(func, job)
-        except Exception as exc:
+        except HANDLER_ERRORS as exc:
             running.settle(ctx, exc)
             raise
         running.settle(ctx)
     return result
 
 
-class HandlerExit(Exception):
-    """A handler raised SystemExit or KeyboardInterrupt: its attempt fails like any error."""
+# What a handler may raise and its attempt fails with. SystemExit and KeyboardInterrupt
+# too: left to rise, sys.exit() in a handler would end the worker thread (and its process)
+# with the job in hand; they are recorded as themselves (builtins.SystemExit), as Django's
+# backends record them. (Children ignore SIGINT: a real Ctrl-C is not this.)
+HANDLER_ERRORS = (Exception, SystemExit, KeyboardInterrupt)
 
 
 def _call(func, job):
-    try:
-        if registry.is_task(func):
-            # A django.tasks function: args/kwargs, TaskContext and Django's task signals.
-            return task_running.run(job, func)
-        result = func(job.payload, job=job) if registry.wants_job(func) else func(job.payload)
-        if inspect.isawaitable(result):
-            result = asyncio.run(_await(result))
-        return result
-    except (SystemExit, KeyboardInterrupt) as exc:
-        # Left to rise, sys.exit() in a handler would end the worker thread (and its
-        # process) with the job in hand. (Children ignore SIGINT: a real Ctrl-C is not this.)
-        raise HandlerExit(f"the handler raised {exc!r}") from exc
+    if registry.is_task(func):
+        # A django.tasks function: args/kwargs, TaskContext and Django's task signals.
+        return task_running.run(job, func)
+    result = func(job.payload, job=job) if registry.wants_job(func) else func(job.payload)
+    if inspect.isawaitable(result):
+        result = asyncio.run(_await(result))
+    return result
 
 
 async def _await(awaitable):
     return await awaitable
-
-
-class _Unstorable(Exception):
-    """The handler returned something JSON cannot hold (recorded as the original error)."""
-
-    def __init__(self, error):
-        super().__init__(str(error))
-        self.error = error
 
 
 def attempt(job, worker_id, output, *, abort_probe=None):
@@ -82,16 +72,16 @@ def attempt(job, worker_id, output, *, abort_probe=None):
     try:
         return validation.payload(value, "result")
     except ValueError as exc:
-        raise _Unstorable(exc) from exc
+        raise UnstorableResult(exc) from exc
 
 
 def failure(job, exc):
     """How a failed attempt is recorded: (the stored error, whether it may retry). The one
     rule, for execute() and the worker's batched path alike; call it in the except block."""
     log.info("failed id=%s kind=%s attempt=%s: %r", job.id, job.kind, job.attempts, exc)
-    if isinstance(exc, _Unstorable):
+    if isinstance(exc, UnstorableResult):
         # Running it again returns the same value: dead-letter at once.
-        return events.error_info(exc.error), False
+        return events.error_info(exc.error, "".join(traceback.format_exception(exc.error))), False
     if isinstance(exc, UnknownKind):
         # Retrying cannot help until someone deploys a handler: dead-letter at once.
         return events.error_info(exc), False
@@ -105,7 +95,7 @@ def execute(job, worker_id, *, abort_probe=None, using=None):
         result = attempt(job, worker_id, output, abort_probe=abort_probe)
     except running.Aborted as exc:
         return _settled(job, aborted(job, worker_id, exc, using=using), using)
-    except Exception as exc:
+    except HANDLER_ERRORS as exc:
         error, retry = failure(job, exc)
         state = transitions.fail(
             job.id,

@@ -267,7 +267,7 @@ class Loop:
         except running.Aborted as exc:
             execution.aborted(job, self.owner, exc)
             return
-        except Exception as exc:
+        except execution.HANDLER_ERRORS as exc:
             error, retry = execution.failure(job, exc)
             transitions.fail(
                 job.id,
