@@ -76,6 +76,25 @@ class _ThreadLogHandler(logging.Handler):
                 capture.write("log", self.format(record) + "\n")
             except Exception:
                 self.handleError(record)
+        elif not self._others_handle(record):
+            # Being on the root logger, this handler stops Python's last resort (a site
+            # with no log handler of its own: Django's default). Outside a job nothing
+            # captures the record, so do what the last resort would: "lease lost" and
+            # "could not settle" must not go nowhere.
+            last = logging.lastResort
+            if last is not None and record.levelno >= last.level:
+                last.handle(record)
+
+    def _others_handle(self, record):
+        """Whether a handler other than this one sees ``record`` (as Logger.callHandlers walks)."""
+        logger = logging.getLogger(record.name) if record.name != "root" else logging.getLogger()
+        while logger is not None:
+            if any(h is not self and record.levelno >= h.level for h in logger.handlers):
+                return True
+            if not logger.propagate:
+                return False
+            logger = logger.parent
+        return False
 
 
 def install():

@@ -279,3 +279,50 @@ def test_admin_event_inline_shows_captured_output(admin_client):
     assert "hello 42" in page
     assert "warning: disk nearly full" in page
     assert State.COMPLETED in page
+
+
+# --- the log handler outside a job ----------------------------------------------------------------
+
+
+@pytest.fixture
+def isolated_logger():
+    """A logger whose records stop at it, as a site's records stop at a root holding only
+    our handler (pytest's own handlers sit on the real root)."""
+    made = []
+
+    def make(name, *handlers):
+        logger = logging.getLogger(name)
+        logger.propagate = False
+        for handler in handlers:
+            logger.addHandler(handler)
+        made.append((logger, handlers))
+        return logger
+
+    yield make
+    for logger, handlers in made:
+        for handler in handlers:
+            logger.removeHandler(handler)
+        logger.propagate = True
+
+
+def test_a_warning_outside_a_job_reaches_the_last_resort_when_nothing_else_would_show_it(
+    monkeypatch, isolated_logger
+):
+    seen = StringIO()
+    monkeypatch.setattr(logging, "lastResort", logging.StreamHandler(seen))
+    logger = isolated_logger("jq-plain-site", capture._ThreadLogHandler())
+
+    logger.warning("lease lost id=%s", 7)
+    logger.info("chatter")  # below the last resort's level (WARNING), as without us
+
+    assert seen.getvalue() == "lease lost id=7\n"
+
+
+def test_a_warning_outside_a_job_is_left_to_the_sites_own_handler(monkeypatch, isolated_logger):
+    seen, site = StringIO(), StringIO()
+    monkeypatch.setattr(logging, "lastResort", logging.StreamHandler(seen))
+    logger = isolated_logger("jq-configured-site", capture._ThreadLogHandler(), logging.StreamHandler(site))
+
+    logger.warning("lease lost id=%s", 7)
+
+    assert (seen.getvalue(), site.getvalue()) == ("", "lease lost id=7\n")
