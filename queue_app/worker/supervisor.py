@@ -35,7 +35,7 @@ import signal
 import time
 import uuid
 
-from django.db import connections
+from django.db import DatabaseError, connections
 
 from queue_app.conf import settings
 from queue_app.core import aborting, events, flow, transitions
@@ -51,6 +51,9 @@ TICK = 0.05
 # Seconds between looks for a stop request: one indexed read, so `stopworkers` takes
 # effect within about a second whatever the heartbeat interval.
 STOP_CHECK = 1.0
+# Between tries to register while the database refuses (doubling from the first).
+REGISTER_RETRY_MIN = 0.25
+REGISTER_RETRY_MAX = 5.0
 
 
 class Child:
@@ -112,15 +115,55 @@ class Supervisor:
     # --- lifecycle ---------------------------------------------------------------------
 
     def run(self):
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            self.record = self._register()
+            if self.record is None:  # stopped before the database let it start
+                return 0
+            return self._run()
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            connections.close_all()
+
+    def _register(self):
+        """Register this worker, waiting out a database that refuses it (down, out of
+        connections, locked, disk full): a process manager restarting a worker that exits
+        at once gives up after a few tries and leaves it down. A name in use is a real
+        refusal and is raised. Return None if a signal asked it to stop meanwhile."""
         o = self.options
-        self.record = workers.register(
-            o.name,
-            pid=os.getpid(),
-            queues=o.queues,
-            kinds=o.kinds,
-            concurrency=o.concurrency,
-            threads=o.threads,
-        )
+        delay, refused_since = REGISTER_RETRY_MIN, None
+        while not self.signals:
+            try:
+                record = workers.register(
+                    o.name,
+                    pid=os.getpid(),
+                    queues=o.queues,
+                    kinds=o.kinds,
+                    concurrency=o.concurrency,
+                    threads=o.threads,
+                )
+            except DatabaseError as exc:
+                connections.close_all()
+                if refused_since is None:  # once per episode, not once per try
+                    refused_since = time.monotonic()
+                    log.warning(
+                        "worker %s: the database refused the start (%s); retrying",
+                        o.name,
+                        " ".join(str(exc).split()),
+                    )
+                time.sleep(delay)
+                delay = min(2 * delay, REGISTER_RETRY_MAX)
+                continue
+            if refused_since is not None:
+                log.warning(
+                    "worker %s: the database answered after %.1fs", o.name, time.monotonic() - refused_since
+                )
+            return record
+        return None
+
+    def _run(self):
+        o = self.options
         log.info(
             "worker %s started: queues=%s kinds=%s concurrency=%s threads=%s batch=%s lease=%ss",
             o.name,
@@ -131,55 +174,49 @@ class Supervisor:
             o.batch,
             o.lease,
         )
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         started = time.monotonic()
-        try:
-            self._recover()
-            # Flow control and cron (flow.py, scheduling.py): settings into their tables,
-            # then every worker ticks the schedules; the tick's unique keys make that safe.
-            self._guard(flow.sync_limits)
-            self._guard(scheduling.sync_schedules)
-            next_schedule = time.monotonic()
-            for slot in range(o.concurrency):
-                self._spawn(slot)
-            next_beat = time.monotonic() + o.heartbeat
-            next_recovery = time.monotonic() + o.recovery_interval
-            next_stop_check = time.monotonic() + STOP_CHECK
-            while True:
-                now = time.monotonic()
-                if self.signals >= 2:
-                    return self._stop_now()
-                if self.signals and not self.stopping:
-                    self._begin_stop("signal")
-                if o.max_runtime and not self.stopping and now - started >= o.max_runtime:
-                    self._begin_stop("max runtime reached")
-                self._reap()
-                self._enforce_timeouts()
-                self._enforce_aborts(now)
-                if now >= next_beat:
-                    next_beat = now + o.heartbeat
-                    self._heartbeat()
-                if now >= next_stop_check and not self.stopping:
-                    next_stop_check = now + STOP_CHECK
-                    if self._guard(workers.stop_requested, self.record.id, default=False):
-                        self._begin_stop("stop requested")
-                if o.recovery_interval and now >= next_recovery:
-                    next_recovery = now + o.recovery_interval
-                    self._recover()
-                if settings.SCHEDULE_INTERVAL and not self.stopping and now >= next_schedule:
-                    next_schedule = now + float(settings.SCHEDULE_INTERVAL)
-                    self._guard(scheduling.tick)
-                if self.stopping and self.children and now >= self.stop_deadline:
-                    self._kill_all("grace period over", settle=True)
-                if not self.children:
-                    break
-                time.sleep(TICK)
-            self._finish()
-            return 0
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
-            connections.close_all()
+        self._recover()
+        # Flow control and cron (flow.py, scheduling.py): settings into their tables,
+        # then every worker ticks the schedules; the tick's unique keys make that safe.
+        self._guard(flow.sync_limits)
+        self._guard(scheduling.sync_schedules)
+        next_schedule = time.monotonic()
+        for slot in range(o.concurrency):
+            self._spawn(slot)
+        next_beat = time.monotonic() + o.heartbeat
+        next_recovery = time.monotonic() + o.recovery_interval
+        next_stop_check = time.monotonic() + STOP_CHECK
+        while True:
+            now = time.monotonic()
+            if self.signals >= 2:
+                return self._stop_now()
+            if self.signals and not self.stopping:
+                self._begin_stop("signal")
+            if o.max_runtime and not self.stopping and now - started >= o.max_runtime:
+                self._begin_stop("max runtime reached")
+            self._reap()
+            self._enforce_timeouts()
+            self._enforce_aborts(now)
+            if now >= next_beat:
+                next_beat = now + o.heartbeat
+                self._heartbeat()
+            if now >= next_stop_check and not self.stopping:
+                next_stop_check = now + STOP_CHECK
+                if self._guard(workers.stop_requested, self.record.id, default=False):
+                    self._begin_stop("stop requested")
+            if o.recovery_interval and now >= next_recovery:
+                next_recovery = now + o.recovery_interval
+                self._recover()
+            if settings.SCHEDULE_INTERVAL and not self.stopping and now >= next_schedule:
+                next_schedule = now + float(settings.SCHEDULE_INTERVAL)
+                self._guard(scheduling.tick)
+            if self.stopping and self.children and now >= self.stop_deadline:
+                self._kill_all("grace period over", settle=True)
+            if not self.children:
+                break
+            time.sleep(TICK)
+        self._finish()
+        return 0
 
     def _on_signal(self, signum, frame):
         self.signals += 1

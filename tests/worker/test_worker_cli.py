@@ -11,8 +11,10 @@ from datetime import timedelta
 from io import StringIO
 
 import factory
+import psycopg
 import pytest
 from django.core.management import CommandError, call_command
+from django.db import connection
 from django.utils import timezone
 
 from queue_app import bulk_enqueue, enqueue
@@ -315,3 +317,35 @@ def test_a_stopped_workers_name_can_be_reused_but_a_running_ones_cannot():
     row = Worker.objects.get(name="reused")
     assert (row.state, row.jobs_done) == (WorkerState.STOPPED, 1)
     assert Job.objects.get().state == State.COMPLETED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_runworker_waits_out_a_database_that_refuses_it_and_starts_work_when_it_answers():
+    if connection.vendor != "postgresql":
+        pytest.skip("refusing every new connection (ALLOW_CONNECTIONS false) is PostgreSQL's")
+    s = connection.settings_dict
+    job = enqueue("echo", {"n": 1})
+    admin = psycopg.connect(
+        host=s["HOST"] or "127.0.0.1",
+        port=s["PORT"] or 5432,
+        user=s["USER"],
+        dbname="postgres",
+        autocommit=True,
+    )
+    admin.execute(f'ALTER DATABASE "{s["NAME"]}" ALLOW_CONNECTIONS false')
+    try:
+        proc = manage(*RUNWORKER, "--name", "refused-at-start", "--burst")
+        time.sleep(2.0)
+        # Refused all along, it is still there (a worker that exits here crash-loops).
+        assert proc.poll() is None
+    finally:
+        admin.execute(f'ALTER DATABASE "{s["NAME"]}" ALLOW_CONNECTIONS true')
+        admin.close()
+    out, _ = proc.communicate(timeout=60)
+
+    assert proc.returncode == 0, out
+    assert out.count("the database refused the start") == 1  # once per episode
+    assert "the database answered after" in out
+    job.refresh_from_db()
+    assert job.state == State.COMPLETED
+    assert Worker.objects.get(name="refused-at-start").state == WorkerState.STOPPED
