@@ -10,10 +10,12 @@ Per call: ``send_welcome_email.using(priority=50, run_after=later, idempotency_k
 
 import asyncio
 import logging
+import time
 
 import django
 from django.tasks import task
 
+from queue_app import handler
 from queue_app.tasks import backend as backends
 
 # Our extras ride on Django 6.1's @task; on 6.0 backends.task takes them instead.
@@ -54,3 +56,15 @@ async def fetch_status(url):
     """``async def`` tasks run on an event loop in the worker (one per worker thread)."""
     await asyncio.sleep(0.01)
     return {"url": url, "status": "ok"}
+
+
+@task
+def stamp():
+    """Return the time it started: benchmarks/task_vs_native.py's no-op (@task path)."""
+    return time.time()
+
+
+@handler("bench.stamp")
+def native_stamp(payload):
+    """The same as a native handler, for the benchmark's native path."""
+    return time.time()
