@@ -20,7 +20,8 @@ what only a process that outlives them can do.
   leasing and finish; after the grace period the children are killed: a job still
   running fails (its attempt spent, so a job longer than the grace cannot run forever
   across deploys), one never started is released. A second signal kills the children
-  at once; their leases lapse and are recovered (or taken back when the name restarts).
+  at once and settles what they held the same way: the running jobs fail (and a Task's
+  task_finished goes out), the unstarted ones are released; nothing waits for a lease.
 
 Each child leases under its own owner id, ``<worker name>/<run token>/<slot>.<generation>``:
 unique to this run, so the supervisor settles exactly a dead child's jobs, and a later
@@ -80,11 +81,8 @@ def _crash_error(how, finished=False):
     return events.error("WorkerCrashed", f"the worker process {what} {how}{tail}")
 
 
-def _shutdown_error(grace):
-    return events.error(
-        "WorkerStopped",
-        f"killed at shutdown: the job was still running when the {grace:g}s grace period ended",
-    )
+def _shutdown_error(why):
+    return events.error("WorkerStopped", f"killed at shutdown: the job was still running when {why}")
 
 
 def _describe(status):
@@ -211,7 +209,7 @@ class Supervisor:
                 next_schedule = now + float(settings.SCHEDULE_INTERVAL)
                 self._guard(scheduling.tick)
             if self.stopping and self.children and now >= self.stop_deadline:
-                self._kill_all("grace period over", settle=True)
+                self._kill_all("grace period over", settle=f"the {o.grace:g}s grace period ended")
             if not self.children:
                 break
             time.sleep(TICK)
@@ -235,8 +233,10 @@ class Supervisor:
             self._signal(child, signal.SIGTERM)
 
     def _stop_now(self):
-        log.warning("worker %s stopping at once: its leases will lapse and be recovered", self.options.name)
-        self._kill_all("second signal")
+        log.warning(
+            "worker %s stopping at once: its running jobs fail, the rest are released", self.options.name
+        )
+        self._kill_all("second signal", settle="a second stop signal came")
         self._guard(workers.deregister, self.record.id, jobs_done=self._jobs_done())
         return 1
 
@@ -283,9 +283,10 @@ class Supervisor:
         with contextlib.suppress(ProcessLookupError):
             os.kill(child.pid, sig)
 
-    def _kill_all(self, why, settle=False):
-        """Kill every child; with ``settle``, record what each had in hand as for a child
-        that died (else only the jobs it finished: the rest's leases lapse)."""
+    def _kill_all(self, why, settle=None):
+        """Kill every child; with ``settle`` (why, for the running jobs' error), record what
+        each had in hand as for a child that died (else only the jobs it finished: the
+        rest's leases lapse)."""
         for child in list(self.children.values()):
             log.warning("killing child pid=%s (%s)", child.pid, why)
             self._signal(child, signal.SIGKILL)
@@ -294,7 +295,7 @@ class Supervisor:
             self.done_by_gone += child.slots.done
             del self.children[pid]
             if settle:
-                self._settle_dead_child(child, status, shutdown=True)
+                self._settle_dead_child(child, status, shutdown=settle)
             else:
                 self._settle_unacked(child, _describe(status))
 
@@ -331,9 +332,8 @@ class Supervisor:
                 if not self.stopping:
                     self._spawn(child.slot)
 
-    def _settle_dead_child(self, child, status, shutdown=False):
-        """Record what a dead child had in hand; ``shutdown``: it was killed at the end of
-        the shutdown grace period."""
+    def _settle_dead_child(self, child, status, shutdown=None):
+        """Record what a dead child had in hand; ``shutdown``: why it was killed at shutdown."""
         how = _describe(status)
         running = child.slots.running()
         for job_id, attempt, _, _ in running:
@@ -353,7 +353,7 @@ class Supervisor:
                 error = _timeout_error(job_id, child.timed_out[2])
                 log.warning("timed out id=%s attempt=%s worker=%s", job_id, attempt, child.owner)
             elif shutdown:
-                error = _shutdown_error(self.options.grace)
+                error = _shutdown_error(shutdown)
                 log.warning("killed at shutdown id=%s attempt=%s worker=%s", job_id, attempt, child.owner)
             else:
                 error = _crash_error(how)

@@ -11,7 +11,7 @@ from django.db import connection
 from django.utils import timezone
 
 from queue_app import bulk_enqueue, enqueue
-from queue_app.core import transitions
+from queue_app.core import aborting, transitions
 from queue_app.models import DeadLetter, EventType, Job, State, Worker, WorkerState
 from queue_app.worker import loop as worker
 from tests.support import event_types as events
@@ -72,7 +72,10 @@ def test_handler_returning_what_json_cannot_hold_is_dead_lettered_at_once(batch)
 def test_batched_acks_complete_only_the_jobs_this_worker_still_holds():
     kept, taken = bulk_enqueue([{"kind": "echo"}, {"kind": "echo"}])
     claimed = {j.id: j for j in transitions.claim("w/0.1", limit=2)}
-    transitions.cancel(taken.id, reason="operator")
+    # Its abort is requested, and its lease lapses: recovery cancels it under the worker.
+    aborting.cancel(taken.id, reason="operator")
+    Job.objects.filter(id=taken.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    transitions.recover()
 
     done = transitions.complete_many(
         [(kept.id, claimed[kept.id].attempts, {"ok": 1}), (taken.id, claimed[taken.id].attempts, None)],
@@ -274,7 +277,7 @@ def test_job_still_running_when_the_grace_period_ends_fails_and_its_unstarted_cl
     assert events(waiting)[-1] == EventType.RELEASED
 
 
-def test_second_signal_stops_at_once_and_leaves_the_lease_to_lapse(tmp_path):
+def test_second_signal_stops_at_once_and_fails_the_running_job_without_waiting_for_its_lease(tmp_path):
     marker = tmp_path / "started"
     job = enqueue("mark", {"path": str(marker), "seconds": 60})
     proc = start_worker(grace=30)
@@ -287,7 +290,8 @@ def test_second_signal_stops_at_once_and_leaves_the_lease_to_lapse(tmp_path):
     assert stop(proc, signal.SIGINT, within=10) == 1
 
     job.refresh_from_db()
-    assert job.state == State.LEASED
+    assert (job.state, job.lease_owner, job.last_error["type"]) == (State.PENDING, None, "WorkerStopped")
+    assert events(job)[-1] == EventType.FAILED
 
 
 def test_killed_workers_job_is_recovered_and_completed_by_another_worker(tmp_path):

@@ -68,21 +68,25 @@ def test_job_given_up_on_is_not_released_with_its_attempt_refunded_at_shutdown(t
     assert EventType.RELEASED not in events(job)
 
 
-def test_restarted_worker_takes_back_what_its_stopped_predecessor_left_leased(tmp_path):
+def test_a_second_signal_fails_the_running_job_at_once_and_a_restart_runs_it_again(tmp_path):
     marker = tmp_path / "stalled"
     job = enqueue("stall_once", {"path": str(marker)}, max_attempts=2)
     first = start_worker(name="same", lease=30.0)
     wait_for(marker.exists, what="the job to start")
     os.kill(first.pid, signal.SIGTERM)
-    # The second signal stops it at once: the job stays leased for its 30s lease.
     assert stop(first, signal.SIGINT, within=10) == 1
-    assert Job.objects.get(id=job.id).state == State.LEASED
+
+    # Settled by the supervisor as it killed the child, not left leased for 30 s.
+    job.refresh_from_db()
+    assert (job.state, job.attempts, job.lease_owner) == (State.PENDING, 1, None)
+    assert job.last_error["type"] == "WorkerStopped"
+    assert "a second stop signal came" in job.last_error["message"]
 
     second = start_worker(name="same", lease=30.0)
     wait_for(
         lambda: Job.objects.filter(id=job.id, state=State.COMPLETED).exists(),
-        timeout=10,
-        what="the restarted worker to take the job back and run it",
+        timeout=15,
+        what="the restarted worker to run the retry",
     )
     assert stop(second) == 0
 
@@ -91,7 +95,7 @@ def test_restarted_worker_takes_back_what_its_stopped_predecessor_left_leased(tm
     assert events(job) == [
         EventType.ENQUEUED,
         EventType.CLAIMED,
-        EventType.RECOVERED,
+        EventType.FAILED,
         EventType.CLAIMED,
         EventType.COMPLETED,
     ]
