@@ -3,7 +3,8 @@
 Jobs are never saved from a form: every change is an action that goes through
 ``queue_app.ops.actions`` (and so ``transitions``), which writes the job's event. Each
 action comes twice: for the selected jobs, and for every job matching the current
-filter and search, which runs in batches (see ``operations.apply_many``).
+filter and search, which runs in batches (see ``actions.apply_many``). Statuses and the
+lost-worker rule come from ``queue_app.models``, the counts and lists from ``ops.reads``.
 """
 
 from django import forms
@@ -19,9 +20,20 @@ from django.utils.html import format_html, format_html_join
 from queue_app.conf import settings
 from queue_app.core import validation
 from queue_app.exceptions import InvalidJob
-from queue_app.models import DeadLetter, Event, Job, KindLimit, Pause, Schedule, Worker
+from queue_app.models import (
+    STATUSES,
+    WORKER_STATUSES,
+    DeadLetter,
+    Event,
+    Job,
+    KindLimit,
+    Pause,
+    Schedule,
+    State,
+    Worker,
+)
 from queue_app.ops import actions as operations
-from queue_app.ops import dashboard
+from queue_app.ops import dashboard, reads
 from queue_app.worker import capture
 from queue_app.worker import schedules as scheduling
 
@@ -46,12 +58,23 @@ class StatusFilter(admin.SimpleListFilter):
     parameter_name = "status"
 
     def lookups(self, request, model_admin):
-        late = int(settings.OPS_LATE_SECONDS)
-        labels = {"late": f"late (ready > {late}s)", "dead_letter": "dead letter"}
-        return [(s, labels.get(s, s)) for s in dashboard.STATUSES]
+        return [(name, label) for name, label, _ in dashboard.status_choices()]
 
     def queryset(self, request, queryset):
-        return dashboard.filter_status(queryset, self.value()) if self.value() else queryset
+        if self.value() not in STATUSES:
+            return queryset
+        return reads.Filters(state=self.value()).apply(queryset)
+
+
+class WorkerStatusFilter(admin.SimpleListFilter):
+    title = "status"
+    parameter_name = "status"
+
+    def lookups(self, request, model_admin):
+        return [(name, name) for name, _ in dashboard.worker_status_choices()]
+
+    def queryset(self, request, queryset):
+        return queryset.status(self.value()) if self.value() in WORKER_STATUSES else queryset
 
 
 class _ChoiceFilter(admin.SimpleListFilter):
@@ -62,7 +85,7 @@ class _ChoiceFilter(admin.SimpleListFilter):
     key = ""
 
     def lookups(self, request, model_admin):
-        return [(v, v) for v in dashboard.filter_choices()[self.key]]
+        return [(v, v) for v in reads.filter_choices()[self.key]]
 
     def queryset(self, request, queryset):
         return queryset.filter(**{self.field: self.value()}) if self.value() else queryset
@@ -171,9 +194,13 @@ class JobAdmin(admin.ModelAdmin):
     readonly_fields = [f.name for f in Job._meta.fields] + ["dashboard_link"]
     inlines = [EventInline, DeadLetterInline]
     show_full_result_count = False
-    paginator = dashboard.CappedPaginator
+    paginator = reads.CappedPaginator
     list_per_page = 50
     actions = [_make_action(a, m) for m in (False, True) for a in operations.ACTIONS.values()]
+
+    def get_queryset(self, request):
+        # Each row's status is read in the list's own query, not one query per row.
+        return super().get_queryset(request).with_status()
 
     def has_add_permission(self, request):
         # Jobs come in through enqueue() (code, API, CLI), which validates them.
@@ -260,7 +287,7 @@ class JobAdmin(admin.ModelAdmin):
 
     @admin.display(description="status", ordering="state")
     def status_badge(self, job):
-        return dashboard.status(job)
+        return f"{job.status} (late)" if job.is_late else job.status
 
     @admin.display(description="effective priority")
     def effective(self, job):
@@ -299,7 +326,7 @@ class EventAdmin(_AppendOnly):
     search_fields = ["=job__id"]
     search_help_text = "A job id."
     show_full_result_count = False
-    paginator = dashboard.CappedPaginator
+    paginator = reads.CappedPaginator
     ordering = ["-id"]
 
     @admin.display(description="job", ordering="job_id")
@@ -337,7 +364,7 @@ class DeadLetterAdmin(_AppendOnly):
     list_filter = [ResolvedFilter, "reason"]
     search_fields = ["=job__id", "kind"]
     show_full_result_count = False
-    paginator = dashboard.CappedPaginator
+    paginator = reads.CappedPaginator
     actions = ["requeue_jobs"]
 
     @admin.action(description="Requeue these dead letters' jobs", permissions=["requeue"])
@@ -382,7 +409,7 @@ class WorkerAdmin(admin.ModelAdmin):
         "started_at",
         "stop_requested_at",
     ]
-    list_filter = ["state", "host"]
+    list_filter = [WorkerStatusFilter, "host"]
     search_fields = ["name", "host"]
     readonly_fields = [f.name for f in Worker._meta.fields]
     actions = ["stop"]
@@ -407,7 +434,7 @@ class WorkerAdmin(admin.ModelAdmin):
 
     @admin.display(description="status")
     def status(self, worker):
-        return dashboard.worker_status(worker)
+        return worker.status
 
     @admin.display(description="heartbeat", ordering="last_heartbeat")
     def heartbeat_age(self, worker):
@@ -482,7 +509,7 @@ class KindLimitAdmin(admin.ModelAdmin):
 
     @admin.display(description="leased now")
     def leased_now(self, obj):
-        return Job.objects.filter(state="leased", kind=obj.kind).count()
+        return Job.objects.filter(state=State.LEASED, kind=obj.kind).count()
 
     def save_model(self, request, obj, form, change):
         obj.updated_at = timezone.now()

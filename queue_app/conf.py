@@ -18,7 +18,8 @@ DEFAULTS = {
     "DEFAULT_QUEUE": "default",
     # Attempts a job gets unless enqueue() says otherwise.
     "DEFAULT_MAX_ATTEMPTS": 3,
-    # Seconds a claim holds a job before another worker may recover it.
+    # Seconds a claim holds a job before another worker may recover it; also how long a
+    # worker may go without a heartbeat before every surface shows it as lost.
     "LEASE_SECONDS": 30.0,
     # Seconds of waiting that earn a ready job one point of priority; 0 disables aging.
     "AGING_INTERVAL": 30.0,
@@ -113,9 +114,10 @@ DEFAULTS = {
     "API_MAX_BODY_BYTES": 4 * 1024 * 1024,
     "API_PAGE_SIZE": 50,
     "API_MAX_PAGE_SIZE": 500,
-    # /health: fewer live workers (heartbeat within the stale limit) than this is 503.
+    # /health: fewer live workers than this is 503. Live means not stopped and not lost;
+    # a worker is lost once its heartbeat is older than LEASE_SECONDS (models.lost_before),
+    # the one rule every surface uses.
     "HEALTH_MIN_WORKERS": 1,
-    "HEALTH_WORKER_STALE_SECONDS": 60,
     # Operations UI. An action over every job matching a filter runs in transactions of
     # OPS_BATCH_SIZE jobs and stops after OPS_ACTION_SECONDS (the operator runs it again
     # for the rest), so a 100,000-job action neither times out nor holds long locks.
@@ -123,7 +125,7 @@ DEFAULTS = {
     "OPS_ACTION_SECONDS": 20.0,
     # Past this many rows the admin shows a capped count instead of counting the table.
     "OPS_COUNT_CAP": 10000,
-    # A ready job that has waited longer than this is "late".
+    # A ready job that has waited longer than this is "late" (a paused one never is).
     "OPS_LATE_SECONDS": 300.0,
     # The overview counts completed and cancelled jobs (history that only grows) up to
     # this many, then shows "N+"; live states are always counted exactly.

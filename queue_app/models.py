@@ -2,11 +2,36 @@
 
 Only ``queue_app.core.transitions`` changes ``Job.state`` or writes Event and DeadLetter rows.
 The claim query's indexes are vendor-specific and live in migration 0002.
+
+This module is also the one definition of what operators read: every surface
+(dashboard, admin, CLI, API, metrics, health) asks these querysets and properties and
+none re-derives them. A job's *status* is its state, except that a pending job is
+exactly one of (first match wins):
+
+- ``paused``: its queue or its kind has a Pause row. Held: no claim leases it, and it is
+  never ready or late, whatever its run_at says.
+- ``ready``: ``run_at <= now``. The next claim may lease it, including a retry whose
+  backoff has passed (it is as claimable as a new job).
+- ``retrying``: ``run_at > now`` and ``attempts > 0``: waiting out a retry backoff.
+- ``scheduled``: ``run_at > now`` and ``attempts == 0``: not due yet.
+
+``late`` is not a status of its own but a part of ready: a ready job whose run_at is
+more than OPS_LATE_SECONDS ago (``Job.is_late``, ``Job.objects.late()``). A worker is
+*lost* when it is not stopped but its heartbeat is older than LEASE_SECONDS
+(``Worker.status``, ``Worker.objects.lost()``).
+
+Each pending status is one Q object (``status_q``) that both the querysets and the
+annotation ``with_status()`` use; ``derive_status`` is the same rule in Python, for one
+job in hand, and a property test holds the two together.
 """
 
+from datetime import timedelta
+
 from django.db import models
-from django.db.models import Q
+from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
+
+from queue_app.conf import settings
 
 PRIORITY_MIN = -100
 PRIORITY_MAX = 100
@@ -52,15 +77,115 @@ class EventType(models.TextChoices):
     ABORT_REQUESTED = "abort_requested"
 
 
+# A pending job's derived statuses, as Job.status spells them.
+READY = "ready"
+SCHEDULED = "scheduled"
+RETRYING = "retrying"
+PAUSED = "paused"
+LATE = "late"
+# Statuses that split pending, in display order; each pending job has exactly one.
+PENDING_STATUSES = (READY, SCHEDULED, RETRYING, PAUSED)
+
+# Every name a status filter takes, in display order, with its one-line meaning: the
+# dashboard's and the admin's filters, `inspect --state`, the API's ?status= and the
+# metrics' labels all read this table. Job.status is always one of these names except
+# "pending" (the union of the four pending statuses) and "late" (a part of ready).
+STATUSES = {
+    READY: "pending and due, its queue and kind not paused: the next claim may lease it",
+    LATE: "ready, and due for longer than OPS_LATE_SECONDS: the workers are not keeping up",
+    SCHEDULED: "pending, first attempt not due yet (run_at in the future)",
+    RETRYING: "pending after a failed attempt, waiting out its backoff (run_at in the future)",
+    PAUSED: "pending in a paused queue or kind: held, never leased (nor late) until resumed",
+    State.PENDING: "waiting to be leased: ready, scheduled, retrying or paused",
+    State.LEASED: "claimed by a worker, running until it settles or its lease lapses",
+    State.COMPLETED: "its handler returned",
+    State.DEAD_LETTER: "its attempts are spent; a dead letter says why, requeue brings it back",
+    State.CANCELLED: "stopped by an operator before it completed",
+}
+# What Job.status can be: the table less the two names that are not one job's status.
+JOB_STATUSES = tuple(name for name in STATUSES if name not in (State.PENDING, LATE))
+
+
+def late_before(now):
+    """The run_at before which a ready job is late."""
+    return now - timedelta(seconds=float(settings.OPS_LATE_SECONDS))
+
+
+def paused_q():
+    """Jobs whose queue or kind is paused (two subqueries on the few Pause rows)."""
+    return Q(queue_name__in=Pause.objects.filter(scope=PauseScope.QUEUE).values("name")) | Q(
+        kind__in=Pause.objects.filter(scope=PauseScope.KIND).values("name")
+    )
+
+
+def status_q(name, now):
+    """The one condition for status ``name`` at ``now`` (a state, a pending status or late)."""
+    pending = Q(state=State.PENDING)
+    if name == PAUSED:
+        return pending & paused_q()
+    free = pending & ~paused_q()
+    if name == READY:
+        return free & Q(run_at__lte=now)
+    if name == LATE:
+        return free & Q(run_at__lte=late_before(now))
+    if name == RETRYING:
+        return free & Q(run_at__gt=now, attempts__gt=0)
+    if name == SCHEDULED:
+        return free & Q(run_at__gt=now, attempts=0)
+    if name in State.values:
+        return Q(state=name)
+    raise ValueError(f"unknown status {name!r}; choose one of {', '.join(STATUSES)}")
+
+
+def derive_status(state, run_at, attempts, paused, now):
+    """A job's status from its fields, as ``status_q`` decides it in SQL."""
+    if state != State.PENDING:
+        return state
+    if paused:
+        return PAUSED
+    if run_at <= now:
+        return READY
+    return RETRYING if attempts > 0 else SCHEDULED
+
+
 class JobQuerySet(models.QuerySet):
     def pending(self):
         return self.filter(state=State.PENDING)
 
+    def status(self, name, now=None):
+        """Jobs in status ``name`` (any name of STATUSES); ValueError for another."""
+        return self.filter(status_q(name, now or timezone.now()))
+
     def ready(self, now=None):
-        return self.filter(state=State.PENDING, run_at__lte=now or timezone.now())
+        """Pending, due, and not paused: what the next claim may lease."""
+        return self.status(READY, now)
+
+    def late(self, now=None):
+        """Ready jobs due for longer than OPS_LATE_SECONDS (never a paused one)."""
+        return self.status(LATE, now)
 
     def scheduled(self, now=None):
-        return self.filter(state=State.PENDING, run_at__gt=now or timezone.now())
+        """Pending jobs not due yet that have never run."""
+        return self.status(SCHEDULED, now)
+
+    def retrying(self, now=None):
+        """Pending jobs waiting out a retry backoff."""
+        return self.status(RETRYING, now)
+
+    def paused(self):
+        """Pending jobs held by a paused queue or kind."""
+        return self.filter(status_q(PAUSED, None))
+
+    def with_status(self, now=None):
+        """Annotate each job's status at ``now``, so Job.status reads it without a query."""
+        now = now or timezone.now()
+        return self.annotate(
+            derived_status=Case(
+                *(When(status_q(name, now), then=Value(name)) for name in PENDING_STATUSES),
+                default=F("state"),
+                output_field=models.CharField(),
+            )
+        )
 
     def leased(self):
         return self.filter(state=State.LEASED)
@@ -76,10 +201,6 @@ class JobQuerySet(models.QuerySet):
 
     def cancelled(self):
         return self.filter(state=State.CANCELLED)
-
-    def retrying(self):
-        """Pending jobs that have failed at least once."""
-        return self.filter(state=State.PENDING, attempts__gt=0)
 
 
 class Job(models.Model):
@@ -165,12 +286,23 @@ class Job(models.Model):
 
     @property
     def status(self):
-        """The state as views show it: a pending job that has failed before is retrying."""
-        if self.state == State.PENDING and self.attempts > 0:
-            return "retrying"
-        if self.state == State.PENDING and self.run_at > timezone.now():
-            return "scheduled"
-        return self.state
+        """The job's status now (see the module docstring); one of JOB_STATUSES."""
+        # Lists read it from with_status() in the same query; one job in hand asks the
+        # Pause table only when pending, the one case a pause can change the answer.
+        annotated = self.__dict__.get("derived_status")
+        if annotated is not None:
+            return annotated
+        paused = self.state == State.PENDING and self.is_paused()
+        return derive_status(self.state, self.run_at, self.attempts, paused, timezone.now())
+
+    @property
+    def is_late(self):
+        """Ready and due for longer than OPS_LATE_SECONDS."""
+        return self.status == READY and self.run_at <= late_before(timezone.now())
+
+    def is_paused(self):
+        """Whether this job's queue or kind is paused."""
+        return Pause.objects.is_paused(self.queue_name, self.kind)
 
 
 class Event(models.Model):
@@ -234,12 +366,47 @@ class WorkerState(models.TextChoices):
     STOPPED = "stopped"
 
 
+LOST = "lost"
+# A worker's status (Worker.status) in display order, with its one-line meaning.
+WORKER_STATUSES = {
+    WorkerState.RUNNING: "leasing and running jobs, heartbeat fresh",
+    WorkerState.STOPPING: "finishing its claimed jobs, leasing no more",
+    LOST: "not stopped, but silent for longer than a lease (LEASE_SECONDS): its leases have lapsed",
+    WorkerState.STOPPED: "exited cleanly and released what it held",
+}
+
+
+def lost_before(now=None):
+    """The heartbeat before which a worker that has not stopped is lost."""
+    # LEASE_SECONDS rather than a stale limit of its own: a worker renews its leases
+    # on each heartbeat, so one silent for a whole lease has let them lapse and any
+    # worker may recover its jobs. Whatever its row says, it is no longer doing its
+    # work, and a second knob could only make "lost" disagree with the leases.
+    return (now or timezone.now()) - timedelta(seconds=float(settings.LEASE_SECONDS))
+
+
 class WorkerQuerySet(models.QuerySet):
     def alive(self):
+        """Workers that have not stopped (lost ones included)."""
         return self.exclude(state=WorkerState.STOPPED)
 
-    def stale(self, before):
-        return self.alive().filter(last_heartbeat__lt=before)
+    def lost(self, now=None):
+        """Workers not stopped whose heartbeat is older than LEASE_SECONDS."""
+        return self.alive().filter(last_heartbeat__lt=lost_before(now))
+
+    def live(self, now=None):
+        """Workers not stopped whose heartbeat is fresh: running or stopping, not lost."""
+        return self.alive().filter(last_heartbeat__gte=lost_before(now))
+
+    def status(self, name, now=None):
+        """Workers whose status (Worker.status) is ``name``; ValueError for another name."""
+        if name == LOST:
+            return self.lost(now)
+        if name == WorkerState.STOPPED:
+            return self.filter(state=WorkerState.STOPPED)
+        if name in WorkerState.values:
+            return self.live(now).filter(state=name)
+        raise ValueError(f"unknown worker status {name!r}; choose one of {', '.join(WORKER_STATUSES)}")
 
 
 class Worker(models.Model):
@@ -271,6 +438,13 @@ class Worker(models.Model):
     def __str__(self):
         return f"{self.name} ({self.state})"
 
+    @property
+    def status(self):
+        """running, stopping, stopped, or lost (see WORKER_STATUSES)."""
+        if self.state != WorkerState.STOPPED and self.last_heartbeat < lost_before():
+            return LOST
+        return self.state
+
 
 class EventCount(models.Model):
     """Events ever appended, per type: folded in by metrics.fold_events(), never recounted.
@@ -294,6 +468,9 @@ class JobDuration(models.Model):
     count = models.BigIntegerField(default=0)
     sum = models.FloatField(default=0.0)
 
+    def __str__(self):
+        return f"{self.kind}: {self.count} completed"
+
 
 class MetricsCheckpoint(models.Model):
     """One row (id=1): how far the event log has been folded into EventCount.
@@ -307,6 +484,9 @@ class MetricsCheckpoint(models.Model):
     last_event_id = models.BigIntegerField(default=0)
     gaps = models.JSONField(default=dict, blank=True)
     folded_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self):
+        return f"events folded up to #{self.last_event_id}"
 
 
 class ApiKey(models.Model):
@@ -335,6 +515,14 @@ class PauseScope(models.TextChoices):
     KIND = "kind"
 
 
+class PauseQuerySet(models.QuerySet):
+    def is_paused(self, queue_name, kind):
+        """Whether a job of ``kind`` on ``queue_name`` is held by a pause."""
+        return self.filter(
+            Q(scope=PauseScope.QUEUE, name=queue_name) | Q(scope=PauseScope.KIND, name=kind)
+        ).exists()
+
+
 class Pause(models.Model):
     """A paused queue or kind: its pending jobs stay pending and no claim leases them."""
 
@@ -344,6 +532,8 @@ class Pause(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     actor = models.CharField(max_length=255, blank=True, default="")
     reason = models.TextField(blank=True, default="")
+
+    objects = PauseQuerySet.as_manager()
 
     class Meta:
         ordering = ["scope", "name"]

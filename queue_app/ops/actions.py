@@ -1,5 +1,6 @@
-"""What an operator does to jobs from the admin or the dashboard: one job, or every job
-a filter matches, in batches.
+"""What an operator does to jobs from the admin, the dashboard or the CLI: one job, or
+every job a filter matches, in batches (``apply_many``, the one bulk path: the admin's
+"every job matching the filter" actions and `manage.py requeue --all-matching` alike).
 
 Each job goes through its edge in ``transitions`` (so each writes its own event);
 deleting a job removes its history with it and so writes none. Parameters are
@@ -32,12 +33,14 @@ class Action:
     permission: str = "change"
     # The parameter the action takes from a form: "priority", "payload" or None.
     param: str | None = None
+    # A parameter the action may take but no form asks for (the CLI's --max-attempts).
+    option: str | None = None
 
 
 ACTIONS = {
     a.name: a
     for a in [
-        Action("requeue", "Requeue", frozenset({State.DEAD_LETTER, State.CANCELLED})),
+        Action("requeue", "Requeue", frozenset({State.DEAD_LETTER, State.CANCELLED}), option="max_attempts"),
         Action("retry_now", "Retry now", frozenset({State.PENDING})),
         Action("cancel", "Cancel", frozenset({State.PENDING, State.LEASED})),
         Action(
@@ -86,12 +89,14 @@ def clean(action, value):
             except ValueError as exc:
                 raise InvalidJob(f"payload is not valid JSON: {exc}", "payload") from None
         return validation.payload(value)
+    if action.option == "max_attempts" and value is not None:
+        return validation.max_attempts(value)
     return None
 
 
 def _run(action, job_id, value, actor, using):
     if action.name == "requeue":
-        transitions.requeue(job_id, actor=actor, using=using)
+        transitions.requeue(job_id, max_attempts=value, actor=actor, using=using)
     elif action.name == "retry_now":
         transitions.retry_now(job_id, actor=actor, using=using)
     elif action.name == "cancel":
@@ -114,9 +119,15 @@ def apply(name, job_id, value=None, *, actor="", using=None):
     _run(action, job_id, value, actor, using or router.db_for_write(Job))
 
 
-def apply_many(name, queryset, value=None, *, actor="", batch_size=None, seconds=None):
+def _noop(n):
+    pass
+
+
+def apply_many(name, queryset, value=None, *, actor="", batch_size=None, seconds=None, progress=_noop):
     """Apply an action to every job in ``queryset``, a batch per transaction, until done
-    or the time budget is spent. Jobs that changed state meanwhile are skipped."""
+    or the time budget is spent (``seconds``, default OPS_ACTION_SECONDS; ``math.inf``
+    for none). Jobs that changed state meanwhile are skipped. ``progress(n)`` is called
+    after each batch with the number of jobs it handled."""
     action = get(name)
     value = clean(action, value)
     batch_size = batch_size or settings.OPS_BATCH_SIZE
@@ -141,6 +152,7 @@ def apply_many(name, queryset, value=None, *, actor="", batch_size=None, seconds
                     out.skipped += 1
                     if len(out.errors) < 5:
                         out.errors.append(str(exc))
+        progress(len(ids))
         last = ids[-1]
         if time.monotonic() > deadline:
             out.more = ids_qs.filter(id__gt=last).exists()

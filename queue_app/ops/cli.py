@@ -184,10 +184,10 @@ def states_table(states):
 
 
 def pending_summary(p):
-    """One line on the pending jobs (inspection's "pending" dict)."""
+    """One line on the pending jobs (reads.counts()'s "pending" dict)."""
     return (
-        f"pending: {p['ready']} ready, {p['scheduled']} scheduled, {p['retrying']} retrying; "
-        f"oldest ready job waited {p['oldest_ready_seconds']:.1f}s"
+        f"pending: {p['ready']} ready ({p['late']} late), {p['scheduled']} scheduled, "
+        f"{p['retrying']} retrying, {p['paused']} paused; oldest ready job waited {p['oldest_ready_seconds']:.1f}s"
     )
 
 

@@ -1,16 +1,15 @@
 """GET /health: is this deployment able to run jobs? 200 when every check passes, else 503.
 
 Checks: the database answers, every migration is applied, and at least
-HEALTH_MIN_WORKERS workers have a fresh heartbeat (set it to 0 for web-only nodes).
+HEALTH_MIN_WORKERS workers are live (set it to 0 for web-only nodes): not stopped and not
+lost, by the one rule in ``Worker.objects.live()`` that the dashboard, the admin,
+`manage.py workers` and /metrics also use.
 It reports counts only, so it needs no credentials.
 """
-
-from datetime import timedelta
 
 from django.db import DatabaseError, connections, router
 from django.db.migrations.executor import MigrationExecutor
 from django.http import JsonResponse
-from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from queue_app.conf import settings
@@ -41,8 +40,7 @@ def check(using=None):
         return False, checks
     need = settings.HEALTH_MIN_WORKERS
     try:
-        fresh = timezone.now() - timedelta(seconds=settings.HEALTH_WORKER_STALE_SECONDS)
-        alive = Worker.objects.using(db).alive().filter(last_heartbeat__gte=fresh).count()
+        alive = Worker.objects.using(db).live().count()
         checks["workers"] = {"ok": alive >= need, "alive": alive, "required": need}
     except DatabaseError as exc:
         checks["workers"] = {"ok": need == 0, "error": str(exc).strip()[:200], "required": need}

@@ -1,19 +1,20 @@
-"""Housekeeping over many jobs: prune finished history, requeue in bulk.
+"""Housekeeping over many jobs: prune finished history. (Requeueing in bulk is an
+operator action: ``actions.apply_many("requeue", ...)``.)
 
-Both walk the matching jobs by id in batches, one transaction per batch, so a million
+Prune walks the matching jobs by id in batches, one transaction per batch, so a million
 rows neither hold long locks nor need to fit in memory; ``progress(n)`` is called after
 each batch with the number just handled.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 
 from django.db import transaction
 from django.utils import timezone
 
 from queue_app.conf import settings
-from queue_app.core import transitions, validation
-from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound
+from queue_app.core import validation
+from queue_app.exceptions import InvalidJob
 from queue_app.models import DeadLetter, Event, Job, State
 from queue_app.ops import metrics
 
@@ -75,41 +76,3 @@ def prune(older_than, states=PRUNE_DEFAULT, *, batch_size=None, dry_run=False, p
             out.dead_letters += DeadLetter.objects.filter(job_id__in=ids).delete()[0]
             out.jobs += Job.objects.filter(id__in=ids).delete()[1].get(Job._meta.label, 0)
         progress(len(ids))
-
-
-@dataclass
-class Requeued:
-    done: int = 0
-    skipped: int = 0
-    errors: list = field(default_factory=list)
-
-
-def requeue_matching(qs, *, max_attempts=None, actor="cli", batch_size=None, progress=_noop):
-    """Requeue every dead-lettered or cancelled job in ``qs``, a batch per transaction.
-
-    Each job goes through ``transitions.requeue`` (and writes its event) in its own
-    savepoint; one that changed state meanwhile is skipped and counted.
-    """
-    if max_attempts is not None:
-        validation.max_attempts(max_attempts)
-    batch_size = batch_size or settings.OPS_BATCH_SIZE
-    ids_qs = (
-        qs.filter(state__in=(State.DEAD_LETTER, State.CANCELLED)).order_by("id").values_list("id", flat=True)
-    )
-    out, last = Requeued(), 0
-    while True:
-        ids = list(ids_qs.filter(id__gt=last)[:batch_size])
-        if not ids:
-            return out
-        with transaction.atomic():
-            for job_id in ids:
-                try:
-                    with transaction.atomic():
-                        transitions.requeue(job_id, max_attempts=max_attempts, actor=actor)
-                    out.done += 1
-                except (InvalidTransition, JobNotFound) as exc:
-                    out.skipped += 1
-                    if len(out.errors) < 5:
-                        out.errors.append(str(exc))
-        progress(len(ids))
-        last = ids[-1]

@@ -14,8 +14,10 @@ Why a scrape stays cheap with millions of rows:
   it passed that were missing (``MetricsCheckpoint.gaps``, only within the top
   METRICS_FOLD_BATCH ids) and counts them if they appear within METRICS_GAP_SECONDS;
   a rolled-back id simply expires.
-- Job gauges are one GROUP BY over (state, kind, queue_name), plus an index seek for
-  the oldest ready job, a count of unresolved dead letters and of workers.
+- Job gauges are one GROUP BY over (state, kind, queue_name), plus one pass over the
+  pending rows for their statuses and the oldest ready job (``reads.pending_counts``,
+  the dashboard's and the CLI's breakdown too), a count of unresolved dead letters and
+  of workers per status (``reads.worker_counts``: the one lost rule).
 
 Label cardinality is bounded: ``state`` and ``type`` come from fixed enums; ``kind``
 and ``queue`` keep at most METRICS_MAX_KINDS / METRICS_MAX_QUEUES values (registered
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import connections, router, transaction
-from django.db.models import Count, F, Min
+from django.db.models import Count, F
 from django.utils import timezone
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -36,6 +38,10 @@ from prometheus_client.registry import Collector
 from queue_app.conf import settings
 from queue_app.handlers import registry
 from queue_app.models import (
+    JOB_STATUSES,
+    LATE,
+    PENDING_STATUSES,
+    WORKER_STATUSES,
     DeadLetter,
     Event,
     EventCount,
@@ -44,14 +50,12 @@ from queue_app.models import (
     JobDuration,
     MetricsCheckpoint,
     State,
-    Worker,
-    WorkerState,
 )
+from queue_app.ops import reads
 
 OTHER = "_other"
-# Derived worker state: registered as running or stopping, but its heartbeat is stale.
-LOST = "lost"
-WORKER_STATES = (*WorkerState.values, LOST)
+# Worker status labels in the exposition's stable order (the one WORKER_STATUSES table).
+WORKER_STATES = tuple(WORKER_STATUSES)
 # ids a fold looks up in one IN (...): below SQLite's and MariaDB's parameter limits.
 _CHUNK = 500
 # Ids watched for a late commit, at most (the newest are kept).
@@ -65,6 +69,8 @@ _FOLD_SECONDS = 2.0
 class Snapshot:
     at: datetime
     jobs: dict  # state -> count
+    jobs_by_status: dict  # status (models.JOB_STATUSES) -> count
+    late: int  # ready jobs waiting longer than OPS_LATE_SECONDS
     jobs_by_kind: dict  # (kind, state) -> count
     jobs_by_queue: dict  # (queue, state) -> count
     events: dict  # event type -> total ever appended
@@ -244,7 +250,11 @@ def snapshot(*, using=None, now=None):
             by_queue.setdefault((queue, state), 0)
     events = dict.fromkeys(EventType.values, 0)
     events.update(EventCount.objects.using(db).values_list("type", "count"))
-    oldest = Job.objects.using(db).ready(now).aggregate(t=Min("run_at"))["t"]
+    pending = reads.pending_counts(Job.objects.using(db).all(), now)
+    oldest = pending["oldest"]
+    by_status = {
+        name: pending[name] if name in PENDING_STATUSES else jobs.get(name, 0) for name in JOB_STATUSES
+    }
     bounds = _bounds()
     folded = {}
     for kind, (buckets, count, total) in durations.items():
@@ -258,28 +268,17 @@ def snapshot(*, using=None, now=None):
     return Snapshot(
         at=now,
         jobs=jobs,
+        jobs_by_status=by_status,
+        late=pending[LATE],
         jobs_by_kind=by_kind,
         jobs_by_queue=by_queue,
         events=events,
         oldest_pending_seconds=max((now - oldest).total_seconds(), 0.0) if oldest else 0.0,
         bounds=bounds,
         durations=folded,
-        workers=_workers(db, now),
+        workers={s: n for s, n in reads.worker_counts(using=db, now=now).items() if s in WORKER_STATES},
         dead_letters=DeadLetter.objects.using(db).unresolved().count(),
     )
-
-
-def _workers(db, now):
-    from datetime import timedelta
-
-    before = now - timedelta(seconds=settings.HEALTH_WORKER_STALE_SECONDS)
-    out = dict.fromkeys(WORKER_STATES, 0)
-    out.update(Worker.objects.using(db).order_by().values_list("state").annotate(n=Count("id")))
-    lost = Worker.objects.using(db).stale(before).values_list("state").annotate(n=Count("id")).order_by()
-    for state, n in lost:
-        out[state] -= n
-        out[LOST] += n
-    return out
 
 
 def families(snap):
@@ -289,6 +288,19 @@ def families(snap):
     for state in states:
         f.add_metric([state], snap.jobs.get(state, 0))
     yield f
+    f = GaugeMetricFamily(
+        "jobqueue_jobs_by_status",
+        "Jobs in each status: the state, with pending split into ready, scheduled, retrying, paused.",
+        labels=["status"],
+    )
+    for status in JOB_STATUSES:
+        f.add_metric([status], snap.jobs_by_status.get(status, 0))
+    yield f
+    yield GaugeMetricFamily(
+        "jobqueue_late_jobs",
+        "Ready jobs that have waited longer than OPS_LATE_SECONDS (never paused ones).",
+        value=snap.late,
+    )
     f = GaugeMetricFamily("jobqueue_jobs_by_kind", "Jobs per kind and state.", labels=["kind", "state"])
     for (kind, state), n in sorted(
         snap.jobs_by_kind.items(),
@@ -309,13 +321,13 @@ def families(snap):
     yield f
     yield GaugeMetricFamily(
         "jobqueue_oldest_pending_seconds",
-        "Seconds the oldest ready pending job has waited since its run_at; 0 when none.",
+        "Seconds the oldest ready job (due, not paused) has waited since its run_at; 0 when none.",
         value=snap.oldest_pending_seconds,
     )
     f = HistogramMetricFamily(
         "jobqueue_job_duration_seconds", "Run time of completed attempts, by kind.", labels=["kind"]
     )
-    for kind, (buckets, count, total) in sorted(snap.durations.items()):
+    for kind, (buckets, _count, total) in sorted(snap.durations.items()):
         cumulative, acc = [], 0
         for le, n in zip([*map(_le, snap.bounds), "+Inf"], buckets):
             acc += n
@@ -323,7 +335,9 @@ def families(snap):
         f.add_metric([kind], cumulative, sum_value=total)
     yield f
     f = GaugeMetricFamily(
-        "jobqueue_workers", "Registered workers by state (lost: stale heartbeat).", labels=["state"]
+        "jobqueue_workers",
+        "Registered workers by status (lost: not stopped, silent for longer than LEASE_SECONDS).",
+        labels=["state"],
     )
     for state in WORKER_STATES:
         f.add_metric([state], snap.workers.get(state, 0))

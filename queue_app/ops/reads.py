@@ -1,54 +1,300 @@
-"""Read-only views of the queue for the command line: jobs, counts, a job's history,
-dead letters and throughput. Every function returns plain dicts and lists, the shape
-``--json`` prints; the commands render the same data as tables.
+"""The reads behind the dashboard, the admin's lists, the CLI and the API: one module,
+so every surface counts and filters jobs and workers the same way. Statuses come from
+``queue_app.models`` (``status_q``, ``Job.status``, ``Worker.status``); nothing here
+re-derives them. The dashboard and the API get model rows; the CLI gets plain dicts and
+lists, the shape ``--json`` prints.
+
+Every function reads the store afresh. None counts the whole job table row by row on
+each request where an index can answer instead: state counts group over the (state,
+kind) index, the pending breakdown reads only pending rows, lists page by keyset on id
+and fetch one row more than they show instead of counting.
 """
 
 from dataclasses import dataclass
 from datetime import timedelta
 
-from django.db.models import Count, Min, Q
+from django.core.paginator import Paginator
+from django.db.models import Count, Min, Q, Sum
+from django.db.models.functions import TruncMinute
 from django.utils import timezone
+from django.utils.functional import cached_property
 
+from queue_app.conf import settings
 from queue_app.exceptions import InvalidJob, JobNotFound
-from queue_app.models import DeadLetter, Event, EventType, Job, State
-from queue_app.worker import registry as workers
+from queue_app.models import (
+    LATE,
+    LOST,
+    PENDING_STATUSES,
+    READY,
+    STATUSES,
+    WORKER_STATUSES,
+    DeadLetter,
+    Event,
+    EventType,
+    Job,
+    Pause,
+    PauseScope,
+    State,
+    Worker,
+    status_q,
+)
 
-# Filters accept a stored state or a status derived from a pending job's fields.
-DERIVED = ("ready", "scheduled", "retrying")
-STATUSES = (*State.values, *DERIVED)
+# Stored states, in the order every surface shows them.
+STATES = (State.PENDING, State.LEASED, State.COMPLETED, State.DEAD_LETTER, State.CANCELLED)
+# The pending breakdown: each pending status, then late (a part of ready).
+PENDING_COUNTS = (*PENDING_STATUSES, LATE)
 FAILURE_EVENTS = (EventType.FAILED, EventType.DEAD_LETTERED, EventType.RECOVERED)
 
 
 @dataclass(frozen=True)
 class Filters:
-    """What `inspect`, `requeue --all-matching` and friends narrow jobs by."""
+    """What the job lists, `inspect` and `requeue --all-matching` narrow jobs by.
+
+    ``state`` takes any name of ``models.STATUSES``: a stored state or a derived status.
+    ``q`` is a job id or text in the kind or the idempotency key.
+    """
 
     state: str | None = None
     kind: str | None = None
     queue: str | None = None
+    q: str | None = None
 
     def __post_init__(self):
         if self.state is not None and self.state not in STATUSES:
             raise InvalidJob(f"unknown state {self.state!r}; choose one of {', '.join(STATUSES)}", "state")
 
     def apply(self, qs, now=None):
-        now = now or timezone.now()
-        if self.state == "ready":
-            qs = qs.filter(state=State.PENDING, run_at__lte=now, attempts=0)
-        elif self.state == "scheduled":
-            qs = qs.filter(state=State.PENDING, run_at__gt=now, attempts=0)
-        elif self.state == "retrying":
-            qs = qs.filter(state=State.PENDING, attempts__gt=0)
-        elif self.state:
-            qs = qs.filter(state=self.state)
+        if self.state:
+            qs = qs.status(self.state, now)
         if self.kind:
             qs = qs.filter(kind=self.kind)
         if self.queue:
             qs = qs.filter(queue_name=self.queue)
+        if self.q and self.q.strip():
+            term = self.q.strip()
+            qs = (
+                qs.filter(id=int(term))
+                if term.isdigit()
+                else qs.filter(Q(kind__icontains=term) | Q(idempotency_key=term))
+            )
         return qs
 
 
-def job_dict(job, now=None):
+# --- counts ------------------------------------------------------------------------------
+
+
+def pending_counts(qs=None, now=None):
+    """Pending jobs per status (ready, scheduled, retrying, paused, and late among the
+    ready) and ``oldest``, the run_at of the longest-waiting ready job (None if none)."""
+    now = now or timezone.now()
+    qs = (Job.objects.all() if qs is None else qs).filter(state=State.PENDING).order_by()
+    return qs.aggregate(
+        **{name: Count("id", filter=status_q(name, now)) for name in PENDING_COUNTS},
+        oldest=Min("run_at", filter=status_q(READY, now)),
+    )
+
+
+def state_counts(qs=None):
+    """Jobs per stored state, every state present (zeros included)."""
+    qs = (Job.objects.all() if qs is None else qs).order_by()
+    out = dict.fromkeys(State.values, 0)
+    out.update(qs.values_list("state").annotate(n=Count("id")).values_list("state", "n"))
+    return out
+
+
+def capped_state_counts(pending=None):
+    """Jobs per state for the overview, and the states whose count stopped at
+    DASHBOARD_COUNT_CAP.
+
+    Live states are counted exactly over their indexes. Completed and cancelled jobs
+    are history that grows without bound: counting a million of them on every refresh
+    is the slowest thing the page could do, so they stop at the cap.
+    """
+    cap = settings.DASHBOARD_COUNT_CAP
+    counts, capped = {}, set()
+    for state in STATES:
+        qs = Job.objects.filter(state=state).order_by()
+        if state == State.PENDING and pending is not None:
+            counts[state] = pending
+        elif state in (State.COMPLETED, State.CANCELLED):
+            counts[state] = min(qs[: cap + 1].count(), cap)
+            if qs[cap : cap + 1].exists():
+                capped.add(state)
+        else:
+            counts[state] = qs.count()
+    return counts, capped
+
+
+def worker_counts(*, using=None, now=None):
+    """Workers per status (every status of WORKER_STATUSES, zeros included) and
+    ``jobs_in_hand``, what the workers that are not lost hold."""
+    now = now or timezone.now()
+    qs = Worker.objects.using(using).order_by()
+    out = dict.fromkeys(WORKER_STATUSES, 0)
+    out.update(qs.values_list("state").annotate(n=Count("id")))
+    for state, n in qs.lost(now).values_list("state").annotate(n=Count("id")).order_by():
+        out[state] -= n
+        out[LOST] += n
+    in_hand = qs.live(now).aggregate(n=Sum("jobs_in_hand"))["n"] or 0
+    return {**out, "jobs_in_hand": in_hand}
+
+
+def pauses():
+    """[(Pause, pending jobs it holds back)], for the overview and `pause --list`."""
+    out = []
+    for p in Pause.objects.all():
+        field = "queue_name" if p.scope == PauseScope.QUEUE else "kind"
+        out.append((p, Job.objects.pending().filter(**{field: p.name}).count()))
+    return out
+
+
+def queues():
+    """Live jobs (pending, leased, dead) per queue and kind; finished ones are history."""
+    live = [State.PENDING, State.LEASED, State.DEAD_LETTER]
+    table = {}
+    rows = (
+        Job.objects.filter(state__in=live)
+        .order_by()
+        .values("queue_name", "kind", "state")
+        .annotate(n=Count("id"))
+    )
+    for row in rows:
+        key = (row["queue_name"], row["kind"])
+        table.setdefault(key, dict.fromkeys(live, 0))[row["state"]] = row["n"]
+    return [
+        {"queue": q, "kind": k, **{s.replace("_", ""): n for s, n in counts.items()}}
+        for (q, k), counts in sorted(table.items())
+    ]
+
+
+def filter_choices(sample=5000):
+    """Kinds and queues seen among the newest live jobs, as hints for the list filters.
+
+    A sample, not DISTINCT over every live row: that scan costs more than the page,
+    and the filters take any value typed in the address anyway.
+    """
+    rows = list(
+        Job.objects.filter(state__in=[State.PENDING, State.LEASED, State.DEAD_LETTER])
+        .order_by("-id")
+        .values_list("kind", "queue_name")[:sample]
+    )
+    return {"kinds": sorted({k for k, _ in rows}), "queues": sorted({q for _, q in rows})}
+
+
+def completions_per_minute(now=None, minutes=60):
+    """(start, completed per minute, failed per minute) over the last ``minutes``."""
+    now = now or timezone.now()
+    start = (now - timedelta(minutes=minutes - 1)).replace(second=0, microsecond=0)
+    rows = (
+        Event.objects.filter(type__in=[EventType.COMPLETED, *FAILURE_EVENTS], at__gte=start)
+        .order_by()
+        .annotate(minute=TruncMinute("at"))
+        .values("minute", "type")
+        .annotate(n=Count("id"))
+    )
+    done, failed = [0] * minutes, [0] * minutes
+    for row in rows:
+        i = int((row["minute"] - start).total_seconds() // 60)
+        if 0 <= i < minutes:
+            (done if row["type"] == EventType.COMPLETED else failed)[i] += row["n"]
+    return start, done, failed
+
+
+def throughput(now=None):
+    """Completed and failed attempts over the last minute and the last hour."""
+    now = now or timezone.now()
+    out = {}
+    for label, seconds in (("last_minute", 60), ("last_hour", 3600)):
+        row = (
+            Event.objects.filter(at__gt=now - timedelta(seconds=seconds))
+            .order_by()
+            .aggregate(
+                completed=Count("id", filter=Q(type=EventType.COMPLETED)),
+                failed=Count("id", filter=Q(type__in=FAILURE_EVENTS)),
+            )
+        )
+        out[label] = {**row, "per_minute": round(row["completed"] * 60 / seconds, 2)}
+    return out
+
+
+# --- lists of rows (the dashboard, the admin and the API) -------------------------------
+
+
+class CappedPaginator(Paginator):
+    """Counts at most OPS_COUNT_CAP + 1 rows; past that, ``capped`` is True and the
+    count shown is a floor. Counting a million-row filter exactly on every page view
+    costs more than the page."""
+
+    @cached_property
+    def count(self):
+        cap = settings.OPS_COUNT_CAP
+        return self.object_list.order_by()[: cap + 1].count()
+
+    @cached_property
+    def capped(self):
+        return self.count > settings.OPS_COUNT_CAP
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of a keyset-paged list, newest first: ``older`` is the cursor for the next."""
+
+    rows: list
+    older: int | None
+    first: bool
+
+
+def _keyset(qs, before, size):
+    if before:
+        qs = qs.filter(id__lt=before)
+    rows = list(qs.order_by("-id")[: size + 1])
+    older = rows[size - 1].id if len(rows) > size else None
+    return Page(rows=rows[:size], older=older, first=not before)
+
+
+def job_page(filters=None, *, before=None, size=None, now=None):
+    """Jobs matching ``filters``, newest first, each with its status read in the same query."""
+    now = now or timezone.now()
+    qs = (filters or Filters()).apply(Job.objects.with_status(now), now)
+    return _keyset(qs, before, size or settings.DASHBOARD_PAGE_SIZE)
+
+
+def job_detail(job_id):
+    """The job with its whole timeline and dead letters, or None."""
+    # Prefetched in the models' own orders (events oldest first, dead letters newest
+    # first), so the API's serializer reads the same rows without asking again.
+    found = Job.objects.with_status().prefetch_related("events", "dead_letters").filter(id=job_id).first()
+    if found is None:
+        return None
+    return {"job": found, "events": list(found.events.all()), "dead_letters": list(found.dead_letters.all())}
+
+
+def latest_events(filters=None, *, limit=15):
+    """The latest events with their jobs, newest first (kind and queue filters only)."""
+    qs = Event.objects.select_related("job").order_by("-id")
+    if filters and filters.kind:
+        qs = qs.filter(job__kind=filters.kind)
+    if filters and filters.queue:
+        qs = qs.filter(job__queue_name=filters.queue)
+    return list(qs[:limit])
+
+
+def dead_letter_page(*, resolved=False, before=None, size=None):
+    """Dead letters, newest first: unresolved ones, or resolved ones."""
+    qs = DeadLetter.objects.filter(resolved_at__isnull=not resolved)
+    return _keyset(qs, before, size or settings.DASHBOARD_PAGE_SIZE)
+
+
+def worker_rows(*, include_stopped=True, limit=500, order=("state", "-last_heartbeat")):
+    """Registered workers (the rows); each one's ``status`` says whether it is lost."""
+    qs = Worker.objects.all() if include_stopped else Worker.objects.alive()
+    return list(qs.order_by(*order)[:limit])
+
+
+# --- the CLI's dicts --------------------------------------------------------------------
+
+
+def job_dict(job):
     """A job as --json shows it."""
     return {
         "id": job.id,
@@ -93,38 +339,48 @@ def event_dict(event):
     }
 
 
+def worker_dict(worker, now=None):
+    """A worker as `workers --json` shows it."""
+    now = now or timezone.now()
+    return {
+        "name": worker.name,
+        "host": worker.host,
+        "pid": worker.pid,
+        "status": worker.status,
+        "queues": worker.queues,
+        "kinds": worker.kinds,
+        "concurrency": worker.concurrency,
+        "threads": worker.threads,
+        "jobs_in_hand": worker.jobs_in_hand,
+        "jobs_done": worker.jobs_done,
+        "started_at": worker.started_at.isoformat(),
+        "heartbeat_age": max(0.0, (now - worker.last_heartbeat).total_seconds()),
+        "stop_requested": worker.stop_requested_at is not None,
+    }
+
+
 def counts(filters=None, now=None):
-    """Jobs per state (every state, zeros included) and the pending breakdown."""
+    """Jobs per state (every state, zeros included) and the pending breakdown, of the jobs
+    of ``filters``' kind and queue."""
     filters = filters or Filters()
     now = now or timezone.now()
-    qs = Filters(kind=filters.kind, queue=filters.queue).apply(Job.objects.order_by(), now)
-    by_state = dict.fromkeys(State.values, 0)
-    by_state.update(qs.values_list("state").annotate(n=Count("id")).values_list("state", "n"))
-    pending = qs.filter(state=State.PENDING).aggregate(
-        ready=Count("id", filter=Q(run_at__lte=now, attempts=0)),
-        scheduled=Count("id", filter=Q(run_at__gt=now, attempts=0)),
-        retrying=Count("id", filter=Q(attempts__gt=0)),
-        oldest=Min("run_at", filter=Q(run_at__lte=now)),
-    )
+    qs = Filters(kind=filters.kind, queue=filters.queue).apply(Job.objects.all(), now)
+    pending = pending_counts(qs, now)
     oldest = pending.pop("oldest")
     pending["oldest_ready_seconds"] = round((now - oldest).total_seconds(), 3) if oldest else 0.0
-    return {"states": by_state, "pending": pending}
+    return {"states": state_counts(qs), "pending": pending}
 
 
 def jobs(filters=None, *, limit=20, now=None):
     """The newest jobs matching ``filters``."""
-    filters = filters or Filters()
-    return [job_dict(j, now) for j in filters.apply(Job.objects.order_by("-id"), now)[:limit]]
+    now = now or timezone.now()
+    qs = (filters or Filters()).apply(Job.objects.with_status(now), now)
+    return [job_dict(j) for j in qs.order_by("-id")[:limit]]
 
 
 def recent_events(filters=None, *, limit=10):
     """The latest events, newest first, of jobs matching the kind and queue filters."""
-    qs = Event.objects.select_related("job").order_by("-id")
-    if filters and filters.kind:
-        qs = qs.filter(job__kind=filters.kind)
-    if filters and filters.queue:
-        qs = qs.filter(job__queue_name=filters.queue)
-    return [{**event_dict(e), "kind": e.job.kind} for e in qs[:limit]]
+    return [{**event_dict(e), "kind": e.job.kind} for e in latest_events(filters, limit=limit)]
 
 
 def snapshot(filters=None, *, limit=20, events=10, now=None):
@@ -139,36 +395,20 @@ def snapshot(filters=None, *, limit=20, events=10, now=None):
     }
 
 
-def throughput(now=None):
-    """Completed and failed attempts over the last minute and the last hour."""
+def workers(*, include_stopped=False, now=None):
+    """What `workers --json` shows: the registry, newest first."""
     now = now or timezone.now()
-    out = {}
-    for label, seconds in (("last_minute", 60), ("last_hour", 3600)):
-        row = (
-            Event.objects.filter(at__gt=now - timedelta(seconds=seconds))
-            .order_by()
-            .aggregate(
-                completed=Count("id", filter=Q(type=EventType.COMPLETED)),
-                failed=Count("id", filter=Q(type__in=FAILURE_EVENTS)),
-            )
-        )
-        out[label] = {**row, "per_minute": round(row["completed"] * 60 / seconds, 2)}
-    return out
+    rows = worker_rows(include_stopped=include_stopped, limit=None, order=("-started_at", "-id"))
+    return [worker_dict(w, now) for w in rows]
 
 
 def status(now=None):
     """What `status` shows: counts by state, workers and throughput."""
     now = now or timezone.now()
-    listing = workers.listing(now=now)
     return {
         "at": now,
         **counts(None, now),
-        "workers": {
-            "running": sum(1 for w in listing if w["status"] == "running"),
-            "stopping": sum(1 for w in listing if w["status"] == "stopping"),
-            "lost": sum(1 for w in listing if w["status"] == "lost"),
-            "jobs_in_hand": sum(w["jobs_in_hand"] for w in listing if w["status"] != "lost"),
-        },
+        "workers": worker_counts(now=now),
         "dead_letters_open": DeadLetter.objects.unresolved().count(),
         "throughput": throughput(now),
     }
@@ -176,10 +416,9 @@ def status(now=None):
 
 def history(job_id):
     """A job, its whole event timeline, and one entry per attempt with its outcome."""
-    try:
-        job = Job.objects.get(id=job_id)
-    except Job.DoesNotExist:
-        raise JobNotFound(job_id) from None
+    job = Job.objects.with_status().filter(id=job_id).first()
+    if job is None:
+        raise JobNotFound(job_id)
     events = list(job.events.order_by("id"))
     attempts, current = [], None
     for e in events:

@@ -29,8 +29,3 @@ def pretty_json(value):
 @register.filter
 def get(mapping, key):
     return mapping.get(key, "") if hasattr(mapping, "get") else ""
-
-
-@register.filter
-def job_status(job):
-    return dashboard.status(job)

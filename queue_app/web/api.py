@@ -21,13 +21,15 @@ from pydantic import ConfigDict, StrictBool
 from queue_app.conf import settings
 from queue_app.core import aborting, enqueueing, flow, transitions, validation
 from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound
-from queue_app.models import DeadLetter, Job, Pause, State, Worker
-from queue_app.ops import metrics
+from queue_app.models import JOB_STATUSES, STATUSES, WORKER_STATUSES, DeadLetter, Pause, State
+from queue_app.ops import metrics, reads
 from queue_app.web.auth import Principal, authenticate
 
 MAX_ID = 2**63 - 1
 JobId = Path(..., ge=1, le=MAX_ID, description="The job's id.")
 StateName = Literal[tuple(State.values)]
+# Any name of the one status table (models.STATUSES): a state, a derived status, or late.
+StatusName = Literal[tuple(STATUSES)]
 
 
 # --- authentication -------------------------------------------------------------------
@@ -248,7 +250,11 @@ class JobOut(Schema):
     priority: int
     run_at: datetime
     state: str
-    status: str = Field(..., description="state, or retrying / scheduled for pending jobs.")
+    status: str = Field(
+        ...,
+        description="The state, but a pending job is ready, scheduled, retrying or paused: "
+        + "; ".join(f"{name}: {STATUSES[name]}" for name in JOB_STATUSES),
+    )
     attempts: int
     max_attempts: int
     idempotency_key: str | None
@@ -321,6 +327,9 @@ class WorkerOut(Schema):
     concurrency: int
     threads: int
     state: str
+    status: str = Field(
+        ..., description="; ".join(f"{name}: {meaning}" for name, meaning in WORKER_STATUSES.items())
+    )
     started_at: datetime
     last_heartbeat: datetime
     stopped_at: datetime | None
@@ -353,13 +362,6 @@ def _name_filter(value, field):
 
 def _limit(value):
     return min(value or settings.API_PAGE_SIZE, settings.API_MAX_PAGE_SIZE)
-
-
-def _page(qs, before, limit):
-    if before is not None:
-        qs = qs.filter(id__lt=before)
-    rows = list(qs.order_by("-id")[: limit + 1])
-    return rows[:limit], (rows[limit - 1].id if len(rows) > limit else None)
 
 
 # --- jobs ------------------------------------------------------------------------------------
@@ -398,30 +400,29 @@ def create_jobs(request: HttpRequest, body: BulkIn):
 def list_jobs(
     request: HttpRequest,
     state: StateName | None = None,
+    status: StatusName | None = Query(None, description="A state, a derived status (ready ...) or late."),
     kind: str | None = Query(None, max_length=255),
     queue: str | None = Query(None, max_length=255),
     before: int | None = Query(None, ge=1, le=MAX_ID, description="Only jobs with a smaller id."),
     limit: int | None = Query(None, ge=1, le=10_000),
 ):
-    """Jobs, newest first, filtered by state, kind and queue; paginate with ``before``."""
-    qs = Job.objects.all()
-    if state:
-        qs = qs.filter(state=state)
-    if _name_filter(kind, "kind"):
-        qs = qs.filter(kind=kind)
-    if _name_filter(queue, "queue"):
-        qs = qs.filter(queue_name=queue)
-    items, next_before = _page(qs, before, _limit(limit))
-    return {"items": items, "next_before": next_before}
+    """Jobs, newest first, filtered by state or status, kind and queue; paginate with ``before``."""
+    if state and status:
+        raise InvalidJob("give state or status, not both (status also takes every state)", "status")
+    filters = reads.Filters(
+        state=status or state, kind=_name_filter(kind, "kind"), queue=_name_filter(queue, "queue")
+    )
+    page = reads.job_page(filters, before=before, size=_limit(limit))
+    return {"items": page.rows, "next_before": page.older}
 
 
 @api.get("/jobs/{job_id}", response={200: JobDetail, **REFUSALS, 404: Refused}, tags=["jobs"])
 def get_job(request: HttpRequest, job_id: int = JobId):
     """One job with its whole event timeline."""
-    job = Job.objects.filter(id=job_id).prefetch_related("events").first()
-    if job is None:
+    found = reads.job_detail(job_id)
+    if found is None:
         raise JobNotFound(job_id)
-    return job
+    return found["job"]
 
 
 @api.delete(
@@ -488,9 +489,8 @@ def list_dead_letters(
     limit: int | None = Query(None, ge=1, le=10_000),
 ):
     """Dead letters, newest first: unresolved unless ?resolved=true."""
-    qs = DeadLetter.objects.filter(resolved_at__isnull=not resolved)
-    items, next_before = _page(qs, before, _limit(limit))
-    return {"items": items, "next_before": next_before}
+    page = reads.dead_letter_page(resolved=resolved, before=before, size=_limit(limit))
+    return {"items": page.rows, "next_before": page.older}
 
 
 @api.post(
@@ -512,8 +512,8 @@ def replay_dead_letter(request: HttpRequest, letter_id: int = Path(..., ge=1, le
 
 @api.get("/workers", response={200: list[WorkerOut], **REFUSALS}, tags=["queue"])
 def list_workers(request: HttpRequest, limit: int | None = Query(None, ge=1, le=10_000)):
-    """Registered workers, newest first."""
-    return list(Worker.objects.order_by("-started_at", "-id")[: _limit(limit)])
+    """Registered workers, newest first, each with its status (lost: silent past a lease)."""
+    return reads.worker_rows(limit=_limit(limit), order=("-started_at", "-id"))
 
 
 # --- flow control: pauses (flow.py) ----------------------------------------------------------

@@ -1,5 +1,5 @@
-"""The dashboard: server-rendered pages over ``queue_app.ops.dashboard`` (reads) and
-``queue_app.ops.actions`` (actions). Staff only; reading needs view permission on
+"""The dashboard: server-rendered pages over ``queue_app.ops.reads`` (what they show,
+laid out by ``queue_app.ops.dashboard``) and ``queue_app.ops.actions`` (actions). Staff only; reading needs view permission on
 jobs, acting needs change (or delete) permission.
 
 A page asked with ``?partial=1`` returns only its live region, which the page's
@@ -17,10 +17,9 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from queue_app.conf import settings
-from queue_app.core import flow
 from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound
 from queue_app.ops import actions as operations
-from queue_app.ops import dashboard
+from queue_app.ops import dashboard, reads
 
 
 def _perm(codename):
@@ -55,36 +54,42 @@ def _cursor(request):
 
 @_perm("queue_app.view_job")
 def overview(request):
-    return _page(
-        request, "overview.html", {"nav": "overview", "paused": flow.paused_counts(), **dashboard.overview()}
-    )
+    return _page(request, "overview.html", {"nav": "overview", **dashboard.overview()})
 
 
 @_perm("queue_app.view_job")
 def jobs(request):
     filters = {k: request.GET.get(k, "").strip() for k in ("status", "kind", "queue", "q")}
-    page = dashboard.jobs(**{k: v or None for k, v in filters.items()}, before=_cursor(request))
+    try:
+        chosen = reads.Filters(
+            state=filters["status"] or None, kind=filters["kind"], queue=filters["queue"], q=filters["q"]
+        )
+    except InvalidJob as exc:
+        messages.error(request, f"{exc}; showing every status.")
+        filters["status"] = ""
+        chosen = reads.Filters(kind=filters["kind"], queue=filters["queue"], q=filters["q"])
+    page = reads.job_page(chosen, before=_cursor(request))
     query = "&".join(f"{k}={v}" for k, v in filters.items() if v)
     context = {
         "nav": "jobs",
         "page": page,
         "filters": filters,
         "query": query,
-        "statuses": dashboard.STATUSES,
-        **dashboard.filter_choices(),
+        "statuses": dashboard.status_choices(),
+        **reads.filter_choices(),
     }
     return _page(request, "jobs.html", context)
 
 
 @_perm("queue_app.view_job")
 def job(request, job_id):
-    found = dashboard.job(job_id)
+    found = reads.job_detail(job_id)
     if found is None:
         raise Http404(f"job {job_id} does not exist")
     context = {
         "nav": "jobs",
         **found,
-        "status": dashboard.status(found["job"]),
+        "status": found["job"].status,
         "actions": operations.ACTIONS,
     }
     context["effective_priority"] = dashboard.effective_priority(found["job"])
@@ -117,7 +122,7 @@ def job_action(request, job_id, action):
 @_perm("queue_app.view_deadletter")
 def dead_letters(request):
     resolved = request.GET.get("resolved") == "1"
-    page = dashboard.dead_letters(resolved=resolved, before=_cursor(request))
+    page = reads.dead_letter_page(resolved=resolved, before=_cursor(request))
     return _page(request, "dead_letters.html", {"nav": "dead", "page": page, "resolved": resolved})
 
 
@@ -138,4 +143,4 @@ def worker_stop(request, worker_id):
 
 @_perm("queue_app.view_job")
 def queues(request):
-    return _page(request, "queues.html", {"nav": "queues", "rows": dashboard.queues()})
+    return _page(request, "queues.html", {"nav": "queues", "rows": reads.queues()})

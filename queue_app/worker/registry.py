@@ -1,20 +1,19 @@
 """The worker registry: runworker supervisors register, heartbeat and deregister here,
-and `workers` / `stopworkers` read and write it from any host.
+and `stopworkers` writes it from any host; what `workers` and the dashboard show of it
+(a worker's status, lost included) is ``Worker.status`` and ``ops.reads``.
 
 A stop request is a timestamp on the row, not a signal: it works across hosts, and a
 worker sees it on its next heartbeat.
 """
 
 import socket
-from datetime import timedelta
 
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from queue_app.conf import settings
 from queue_app.core import transitions
-from queue_app.models import Job, Worker, WorkerState
+from queue_app.models import LOST, Job, Worker, WorkerState
 
 
 class NameInUse(Exception):
@@ -53,8 +52,9 @@ def register(name, *, pid, queues, kinds, concurrency, threads):
         old = Worker.objects.select_for_update().filter(name=name).first()
         if old is None:
             return Worker.objects.create(name=name, **fields)
-        previous = status(old, now)
-        if previous not in (WorkerState.STOPPED, "lost"):
+        # The one lost rule (Worker.status): a name is free once its holder's leases lapsed.
+        previous = old.status
+        if previous not in (WorkerState.STOPPED, LOST):
             raise NameInUse(f"a worker named {name!r} is already running (pid {old.pid} on {old.host})")
         if previous == WorkerState.STOPPED:
             while transitions.recover(owned_by=f"{name}/", now=now):
@@ -102,43 +102,6 @@ def request_stop(names=None):
     asked = sorted(alive.values_list("name", flat=True))
     alive.filter(stop_requested_at__isnull=True).update(stop_requested_at=timezone.now())
     return asked
-
-
-def status(worker, now=None):
-    """The state as `workers` shows it: a live row whose heartbeat went stale is lost."""
-    now = now or timezone.now()
-    if worker.state != WorkerState.STOPPED and now - worker.last_heartbeat > timedelta(
-        # The same limit /health and /metrics use, so all three agree on who is lost.
-        seconds=settings.HEALTH_WORKER_STALE_SECONDS
-    ):
-        return "lost"
-    return worker.state
-
-
-def listing(*, include_stopped=False, now=None):
-    """Return the registry as dicts, newest first, with heartbeat age and derived status."""
-    now = now or timezone.now()
-    qs = Worker.objects.all() if include_stopped else Worker.objects.alive()
-    rows = []
-    for w in qs:
-        rows.append(
-            {
-                "name": w.name,
-                "host": w.host,
-                "pid": w.pid,
-                "status": status(w, now),
-                "queues": w.queues,
-                "kinds": w.kinds,
-                "concurrency": w.concurrency,
-                "threads": w.threads,
-                "jobs_in_hand": w.jobs_in_hand,
-                "jobs_done": w.jobs_done,
-                "started_at": w.started_at.isoformat(),
-                "heartbeat_age": max(0.0, (now - w.last_heartbeat).total_seconds()),
-                "stop_requested": w.stop_requested_at is not None,
-            }
-        )
-    return rows
 
 
 def owner_prefix(name, token):

@@ -7,7 +7,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from queue_app import enqueue
 from queue_app.core import transitions
-from queue_app.models import Event, EventType, MetricsCheckpoint, State, Worker, WorkerState
+from queue_app.models import JOB_STATUSES, Event, EventType, MetricsCheckpoint, State, Worker, WorkerState
 from queue_app.ops import metrics
 from tests.factories import DeadLetterFactory, EventFactory, JobFactory
 
@@ -15,6 +15,8 @@ pytestmark = pytest.mark.django_db
 
 FAMILIES = [
     "jobqueue_jobs",
+    "jobqueue_jobs_by_status",
+    "jobqueue_late_jobs",
     "jobqueue_jobs_by_kind",
     "jobqueue_jobs_by_queue",
     "jobqueue_events",
@@ -55,6 +57,9 @@ def test_an_empty_queue_exports_every_family_with_explicit_zeros(client):
         assert value(fams, "jobqueue_events", "jobqueue_events_total", type=type_) == 0
     for state in ("running", "stopping", "stopped", "lost"):
         assert value(fams, "jobqueue_workers", state=state) == 0
+    for status in JOB_STATUSES:
+        assert value(fams, "jobqueue_jobs_by_status", status=status) == 0
+    assert value(fams, "jobqueue_late_jobs") == 0
     assert value(fams, "jobqueue_oldest_pending_seconds") == 0
     assert value(fams, "jobqueue_dead_letters") == 0
     assert (

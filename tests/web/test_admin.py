@@ -120,7 +120,8 @@ def test_events_are_append_only_in_the_admin(operator):
 
 
 def test_status_filter_finds_retrying_scheduled_and_late_jobs(viewer):
-    retrying = JobFactory(attempts=1)
+    # Retrying is a failed job still waiting out its backoff; once run_at passes it is ready.
+    retrying = JobFactory(attempts=1, scheduled=True)
     scheduled = JobFactory(scheduled=True)
     late = JobFactory(run_at=timezone.now() - timedelta(hours=1))
     JobFactory(dead=True)

@@ -21,7 +21,7 @@ from queue_app.core import transitions
 from queue_app.core.enqueueing import enqueue
 from queue_app.management.commands.web import gunicorn_argv, parse_addr
 from queue_app.models import DeadLetter, Event, Job, State, Worker
-from queue_app.ops import dashboard
+from queue_app.ops import dashboard, reads
 from queue_app.worker.execution import run_one
 from tests.factories import DeadLetterFactory, JobFactory, make_staff
 
@@ -84,7 +84,8 @@ def test_root_redirects_to_the_dashboard(client):
 def test_overview_shows_counts_by_state_and_the_pending_breakdown(viewer):
     JobFactory.create_batch(3)
     JobFactory(scheduled=True)
-    JobFactory(attempts=1)
+    # Retrying: failed once and still waiting out its backoff (past it, it is ready).
+    JobFactory(attempts=1, scheduled=True)
     JobFactory(run_at=timezone.now() - timedelta(hours=1))
     JobFactory(leased=True)
     JobFactory.create_batch(2, dead=True)
@@ -277,10 +278,10 @@ def test_queues_page_counts_live_jobs_per_queue_and_kind(viewer):
 def test_capped_paginator_stops_counting_at_the_cap(settings):
     JobFactory.create_batch(5)
     with override_settings(JOBQUEUE={**settings.JOBQUEUE, "OPS_COUNT_CAP": 3}):
-        paginator = dashboard.CappedPaginator(Job.objects.all(), 2)
+        paginator = reads.CappedPaginator(Job.objects.all(), 2)
         assert (paginator.count, paginator.capped) == (4, True)
     with override_settings(JOBQUEUE={**settings.JOBQUEUE, "OPS_COUNT_CAP": 10}):
-        paginator = dashboard.CappedPaginator(Job.objects.all(), 2)
+        paginator = reads.CappedPaginator(Job.objects.all(), 2)
         assert (paginator.count, paginator.capped) == (5, False)
 
 

@@ -1,8 +1,11 @@
 """manage.py inspect: state counts, the latest jobs and the latest events."""
 
 from queue_app.exceptions import InvalidJob
+from queue_app.models import STATUSES
 from queue_app.ops import cli
 from queue_app.ops import reads as inspection
+
+STATES_HELP = "\n".join(f"  {name:<12} {meaning}" for name, meaning in STATUSES.items())
 
 
 class Command(cli.QueueCommand):
@@ -13,14 +16,15 @@ class Command(cli.QueueCommand):
   manage.py inspect --state retrying --queue mail --limit 50
   manage.py inspect --json | jq '.states'
 
-states: {", ".join(inspection.STATUSES)}
-  (ready, scheduled and retrying are pending jobs: ready now, waiting for run_at, or failed before)
+states and statuses (--state takes any of them):
+{STATES_HELP}
 
---json prints one object: at, filters, states {{state: count}}, pending {{ready, scheduled,
-retrying, oldest_ready_seconds}}, jobs [job...], events [event...]; times are ISO 8601."""
+--json prints one object: at, filters, states {{state: count}}, pending {{ready, late,
+scheduled, retrying, paused, oldest_ready_seconds}}, jobs [job...] (each with its state
+and its status), events [event...]; times are ISO 8601."""
 
     def add_arguments(self, parser):
-        parser.add_argument("--state", metavar="STATE", help="Only jobs in this state or status.")
+        parser.add_argument("--state", metavar="STATE", help="Only jobs in this state or status (below).")
         parser.add_argument("--kind", help="Only jobs of this kind.")
         parser.add_argument("--queue", help="Only jobs in this queue.")
         parser.add_argument("--limit", type=cli.positive_int, default=20, help="Jobs to list (default 20).")

@@ -2,7 +2,7 @@
 
 from queue_app.core import flow
 from queue_app.exceptions import InvalidJob
-from queue_app.ops import cli
+from queue_app.ops import cli, reads
 
 
 class Command(cli.QueueCommand):
@@ -27,7 +27,7 @@ name (nothing is written)."""
 
     def handle(self, *args, queue=None, kind=None, reason="", list=False, **options):
         if list or (queue is None and kind is None):
-            rows = flow.paused_counts()
+            rows = reads.pauses()
             if not rows:
                 self.stdout.write("nothing is paused")
             for p, held in rows:

@@ -1,11 +1,15 @@
 """manage.py requeue: bring a dead-lettered (or cancelled) job back, or many at once."""
 
+import math
 import sys
+from datetime import timedelta
+
+from django.utils import timezone
 
 from queue_app.core import transitions, validation
 from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound
 from queue_app.models import Job, State
-from queue_app.ops import cli, maintenance
+from queue_app.ops import actions, cli
 from queue_app.ops.reads import Filters
 
 _UNSET = object()
@@ -88,10 +92,6 @@ nothing is written then."""
         except InvalidJob as exc:
             raise cli.bad_input(str(exc)) from None
         if o["since"] is not None:
-            from datetime import timedelta
-
-            from django.utils import timezone
-
             qs = qs.filter(finished_at__gte=timezone.now() - timedelta(seconds=o["since"]))
         total = qs.count()
         if not total:
@@ -105,8 +105,14 @@ nothing is written then."""
                 raise cli.CommandError("nothing requeued", returncode=1)
         console = self.console()
         with cli.progress(console, "requeueing", total) as bar:
-            out = maintenance.requeue_matching(
-                qs, max_attempts=o["max_attempts"], progress=lambda n: bar.advance(bar.task, n)
+            # The admin's bulk path, without its time budget: a terminal waits for it all.
+            out = actions.apply_many(
+                "requeue",
+                qs,
+                o["max_attempts"],
+                actor="cli",
+                seconds=math.inf,
+                progress=lambda n: bar.advance(bar.task, n),
             )
         self.stdout.write(
             f"requeued {out.done} jobs"

@@ -10,9 +10,11 @@ class Command(cli.QueueCommand):
   manage.py status
   manage.py stats --json
 
---json prints one object: at, states {state: count}, pending {ready, scheduled, retrying,
-oldest_ready_seconds}, workers {running, stopping, lost, jobs_in_hand}, dead_letters_open,
-throughput {last_minute, last_hour: {completed, failed, per_minute}}."""
+--json prints one object: at, states {state: count}, pending {ready, late, scheduled,
+retrying, paused, oldest_ready_seconds}, workers {running, stopping, lost, stopped,
+jobs_in_hand}, dead_letters_open, throughput {last_minute, last_hour: {completed, failed,
+per_minute}}. A worker is lost when it has not stopped but its heartbeat is older than
+LEASE_SECONDS; a lost worker's jobs are not counted in hand."""
 
     def add_arguments(self, parser):
         parser.add_argument("--json", action="store_true", help="Print JSON.")

@@ -1,8 +1,7 @@
 """manage.py workers: list registered workers with the age of their heartbeat."""
 
 from queue_app.core import durations
-from queue_app.ops import cli
-from queue_app.worker import registry as workers
+from queue_app.ops import cli, reads
 
 
 class Command(cli.QueueCommand):
@@ -13,7 +12,8 @@ class Command(cli.QueueCommand):
   manage.py workers --json | jq '.[] | select(.status == "lost") | .name'
   manage.py stopworkers --worker NAME                # then stop one
 
-A worker is lost when its heartbeat is older than HEALTH_WORKER_STALE_SECONDS.
+A worker is lost when it has not stopped but its heartbeat is older than LEASE_SECONDS:
+its leases have lapsed (the dashboard, the admin, /health and /metrics use the same rule).
 --json prints a list (newest first) of {name, host (str), pid (int), status (running,
 stopping, lost or stopped), queues [str], kinds [str] ([] means every kind), concurrency,
 threads, jobs_in_hand, jobs_done (int), started_at (ISO 8601), heartbeat_age (seconds,
@@ -24,7 +24,7 @@ float), stop_requested (bool)}."""
         parser.add_argument("--json", action="store_true", help="Print JSON (shape below).")
 
     def handle(self, *args, **o):
-        rows = workers.listing(include_stopped=o["all"])
+        rows = reads.workers(include_stopped=o["all"])
         if o["json"]:
             self.stdout.write(cli.dumps(rows))
             return
