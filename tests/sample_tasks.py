@@ -2,6 +2,7 @@
 
 import asyncio
 import time
+from pathlib import Path
 
 import django
 from django.tasks import task
@@ -88,7 +89,7 @@ async def async_rendezvous(path, expected, patience=10):
     with open(path, "a") as f:
         f.write("here\n")
     end = time.monotonic() + patience
-    while (seen := len(open(path).read().splitlines())) < expected and time.monotonic() < end:
+    while (seen := len(Path(path).read_text().splitlines())) < expected and time.monotonic() < end:
         await asyncio.sleep(0.01)
     return seen
 

@@ -409,7 +409,7 @@ def test_enqueue_inside_a_rolled_back_atomic_leaves_nothing(enqueued_signals):
     class Abort(Exception):
         pass
 
-    with pytest.raises(Abort), transaction.atomic():
+    with pytest.raises(Abort), transaction.atomic():  # noqa: PT012  the enqueue and the rollback are the case
         result = tasks.add.enqueue(1, 2)
         raise Abort
     assert not Job.objects.filter(id=int(result.id)).exists()

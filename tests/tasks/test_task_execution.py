@@ -586,7 +586,7 @@ def test_the_supervisor_sends_task_finished_for_a_task_killed_for_its_timeout_or
         task_finished.disconnect(dispatch_uid="supervisor_finished")
     lines = [line.split() for line in log.read_text().splitlines()]
     by_job = {}
-    for pid, job_id, name, status, row in lines:
+    for _pid, job_id, name, status, row in lines:
         by_job.setdefault(job_id, []).append((name, status, row))
     assert by_job[stuck.id] == [("started", "RUNNING", "RUNNING"), ("finished", "FAILED", "FAILED")]
     # A crash with an attempt left: READY, and the retry waits out the task's own backoff.

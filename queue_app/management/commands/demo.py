@@ -150,7 +150,8 @@ class Story:
         self.options = options
         self.workers = []
         self.log_path = Path(tempfile.mkstemp(prefix="jobqueue-demo-workers-", suffix=".log")[1])
-        self.log = open(self.log_path, "a")
+        # Open for the demo's whole run: every worker it starts writes here.
+        self.log = open(self.log_path, "a")  # noqa: SIM115
         self.tag = f"{os.getpid()}"
         self.first_id = None
 
@@ -345,7 +346,7 @@ class Story:
         high = enqueue("email", {"to": "eager@example.com"}, priority=4, queue_name=QUEUE)
         self.say("   after five intervals a fresh priority-4 email arrives")
         self.wait("the two emails", self.settled(blocker, low, high))
-        first, second = claims([low, high])
+        first, _second = claims([low, high])
         earned = ordering.effective_priority(0, low.run_at, first.at, AGING)
         winner = (
             "the older priority-0 email ran first"
@@ -406,7 +407,7 @@ class Story:
             self.say(f"   job {e.job_id:<4} {e.job.kind:<7} {e.type:<13} attempt {e.attempt}")
         self.say("Metrics snapshot (manage.py metrics --once):")
         for line in metrics.render().decode().splitlines():
-            name, _, value = line.rpartition(" ")
+            _name, _, value = line.rpartition(" ")
             if line.startswith(("jobqueue_jobs{", "jobqueue_dead_letters ", "jobqueue_workers")) or (
                 line.startswith("jobqueue_events_total{") and float(value) > 0
             ):
