@@ -164,6 +164,60 @@ def test_the_write_guard_catches_a_real_multi_line_write_planted_in_a_module(tmp
     assert state_writes("Worker.objects.filter(name=n).update(state=WorkerState.STOPPING)") == []
 
 
+# The engine calls that write (the contract in engines/base.py): the state machine's alone.
+ENGINE_WRITES = {"insert_jobs", "claim", "complete_plain", "notify"}
+
+
+def _is_engine(node):
+    """``engines.of(...)``, or a name an engine was bound to (``engine = engines.of(c)``)."""
+    if isinstance(node, ast.Name):
+        return node.id == "engine"
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "of"
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "engines"
+    )
+
+
+def engine_writes(source, filename="<module>"):
+    """Return "line: method" for every engine write call in ``source``."""
+    return [
+        f"{node.lineno}: {node.func.attr}"
+        for node in ast.walk(ast.parse(source, filename))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in ENGINE_WRITES
+        and _is_engine(node.func.value)
+    ]
+
+
+def test_only_the_state_machine_calls_the_engines_write_functions():
+    calls = {name: engine_writes(source, name) for name, source in _sources()}
+
+    assert {name for name, hits in calls.items() if hits} == {"queue_app/core/transitions.py"}
+
+
+def test_the_engine_write_guard_catches_a_write_planted_in_a_module():
+    source = textwrap.dedent("""
+        from django.db import connection
+        from queue_app import engines
+
+        def sneak(givens, now):
+            engine = engines.of(connection)
+            engine.insert_jobs(givens, [], [], now)
+            return engines.of(
+                connection
+            ).claim("w", 1, now, now)
+
+        def fine():
+            return engines.of(connection).claim_gates()
+    """)
+
+    assert engine_writes(source) == ["7: insert_jobs", "8: claim"]
+
+
 # Imports inside a function that are not there to dodge a cycle: Django's AppConfig.ready()
 # (the app registry must be ready first), the package's lazy public names (importing
 # queue_app from settings must not load models) and the example in a module docstring.

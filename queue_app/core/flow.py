@@ -47,7 +47,7 @@ other keys lease past it, and jobs without a key are held only by ``concurrency`
 is the same rule as the kind's: a count of ``state='leased'`` rows, grouped by key,
 under the same row lock, so it holds across every worker and host and a dead worker's
 slot frees when its lease is recovered, with nothing to give back. The keys at their
-limit go to the claim as exclusions (``leasing.claim(exclude_keys=...)``), so the seek
+limit go to the claim as exclusions (``Engine.claim(exclude_keys=...)``), so the seek
 steps over their waiting jobs instead of taking and returning them. One claim must not
 take more than ``per_key`` of one key either: it leases in rounds, each asking for no
 more jobs than the key with the least room has left (any round might take them all
@@ -64,13 +64,13 @@ period-long span; the count over whole windows is exact.
 """
 
 import random
-from collections import Counter
 from dataclasses import dataclass
 from datetime import timedelta
 
 from django.db import connections, transaction
 from django.utils import timezone
 
+from queue_app import engines
 from queue_app.conf import settings
 from queue_app.core import validation
 from queue_app.exceptions import InvalidJob
@@ -102,13 +102,7 @@ def claim_gates(using="default"):
     The same rows as current_pauses() and active_limits(), without building a model per
     row: a claim reads this each time (no cache, so a pause or a limit set on any host
     holds from the next claim on), so it has to cost one small round trip."""
-    with connections[using].cursor() as cursor:
-        cursor.execute(
-            f"SELECT scope, name FROM {Pause._meta.db_table}"
-            f" UNION ALL SELECT 'limit', kind FROM {KindLimit._meta.db_table}"
-            " WHERE concurrency IS NOT NULL OR rate_limit IS NOT NULL OR per_key IS NOT NULL"
-        )
-        rows = cursor.fetchall()
+    rows = engines.of(connections[using]).claim_gates()
     queues = frozenset(name for scope, name in rows if scope == PauseScope.QUEUE)
     kinds = frozenset(name for scope, name in rows if scope == PauseScope.KIND)
     limited = frozenset(name for scope, name in rows if scope == "limit")
@@ -264,19 +258,7 @@ def reserve(kind, want, now, *, using="default"):
 
 def leased_per_key(kind, *, using="default"):
     """Return {concurrency_key: leased jobs} for ``kind``'s leased jobs that have a key."""
-    connection = connections[using]
-    # SQLite plans from average selectivity: once ANALYZE has seen a table where most
-    # rows share one state, the (state, kind) index looks useless to it and it scans
-    # every job. Name the index, as leasing.py does for the level seeks.
-    hint = " INDEXED BY jq_job_state_kind_queue" if connection.vendor == "sqlite" else ""
-    # Keys are exact strings on every vendor (MariaDB's column collates as bytes: 0010).
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT concurrency_key, COUNT(*) FROM {Job._meta.db_table}{hint}"
-            " WHERE state = %s AND kind = %s AND concurrency_key IS NOT NULL GROUP BY concurrency_key",
-            [State.LEASED.value, kind],
-        )
-        return Counter(dict(cursor.fetchall()))
+    return engines.of(connections[using]).leased_per_key(kind)
 
 
 def lease_within(row, free, lease, *, using="default"):

@@ -7,7 +7,7 @@ the job reaches that outcome.
 
 Success is ``completed``; failure is ``dead_letter`` (the attempt budget is spent, or
 the error was not retryable): a job that will still be retried has not failed yet,
-and an operator's cancel is neither outcome. The follow-up is inserted by the
+and an operator's cancel is neither outcome. The follow-up is built here and inserted by the
 transition itself (transitions.complete / complete_many / fail / recover), in the
 same transaction, so a parent is never completed without its child or the other way
 round. The child's payload is the template's plus ``parent``: {id, kind, state,
@@ -37,13 +37,15 @@ def template_for(job, state):
     return None
 
 
-def follow_up(job, state, now, *, result=None, error=None, using="default"):
-    """Enqueue ``job``'s follow-up for ``state`` (if it has one); return event metadata."""
+def follow_up(job, state, now, *, result=None, error=None):
+    """Return (EnqueueRequest or None, event metadata): ``job``'s follow-up for ``state``.
+
+    The caller (the terminal transition) enqueues the request in its own transaction and
+    records the child's id as ``chained``; a template that no longer validates gives no
+    request and ``chain_error``."""
     template = template_for(job, state)
     if not template:
-        return {}
-    from queue_app.core import transitions  # transitions calls us: import on use
-
+        return None, {}
     spec = dict(template)
     kind = spec.pop("kind")
     body = dict(spec.pop("payload", None) or {})
@@ -52,7 +54,5 @@ def follow_up(job, state, now, *, result=None, error=None, using="default"):
         req = validation.enqueue_request(kind, body, now=now, **spec)
     except InvalidJob as exc:
         log.error("chain refused id=%s kind=%s: %s", job.id, kind, exc)
-        return {"chain_error": str(exc)}
-    child, _ = transitions.enqueue(dataclasses.replace(req, parent_id=job.id), using=using)
-    log.debug("chained id=%s -> id=%s kind=%s", job.id, child.id, child.kind)
-    return {"chained": child.id}
+        return None, {"chain_error": str(exc)}
+    return dataclasses.replace(req, parent_id=job.id), {}

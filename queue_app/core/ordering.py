@@ -13,7 +13,7 @@ _US = timedelta(microseconds=1)
 
 
 def aging_microseconds(aging_seconds):
-    return int(round(float(aging_seconds or 0) * 1_000_000))
+    return round(float(aging_seconds or 0) * 1_000_000)
 
 
 def effective_priority(priority, run_at, now, aging_seconds):

@@ -13,15 +13,15 @@ job and appends exactly one Event row. Nothing else writes Job.state, Event or D
     recover           leased, expired      pending | dead_letter   recovered
                                            cancelled (abort requested)
     requeue           dead_letter|cancelled pending                requeued
-    cancel            pending | leased     cancelled              cancelled
+    cancel            pending              cancelled               cancelled  (leased: request_abort)
     request_abort     leased               leased (cancel_requested_at set)  abort_requested
     abort             leased* (requested)  cancelled              cancelled  (handler stopped or was killed)
     retry_now         pending              pending (run_at=now)    rescheduled
     change_priority   pending|dead_letter  (same)                  priority_changed
     change_payload    pending|dead_letter  (same)                  payload_changed
 
-    * worker-owned: the UPDATE also matches lease_owner and the attempt number, a
-      fencing token. A worker whose lease lapsed and was recovered (or re-claimed, even
+    * worker-owned: the write also matches lease_owner and the attempt number, a
+      fencing token (engines.base.Fence, its one definition). A worker whose lease lapsed and was recovered (or re-claimed, even
       by itself) matches nothing, changes nothing, and is told so by the return value.
 """
 
@@ -29,17 +29,18 @@ import json
 import logging
 from datetime import timedelta
 from functools import partial
-from itertools import chain
 
 from django.db import IntegrityError, connections, router, transaction
 from django.db.models import BooleanField, ExpressionWrapper, Q
 from django.utils import timezone
 
+from queue_app import engines
 from queue_app.conf import settings
 from queue_app.core import backoff, flow, ordering, validation, webhooks
 from queue_app.core import events as events_
 from queue_app.core import follow_ups as chaining
-from queue_app.engines import leasing, rows
+from queue_app.engines import rows
+from queue_app.engines.base import Fence
 from queue_app.exceptions import InvalidTransition, JobNotFound
 from queue_app.models import DeadLetter, Event, EventType, Job, State
 
@@ -107,21 +108,9 @@ def _window_passed(existing, req, now):
     return req.unique_for is not None and existing.created_at + timedelta(seconds=req.unique_for) <= now
 
 
-def _notify(db, jobs, now):
-    """Wake idle PostgreSQL workers for the ready jobs among ``jobs``.
-
-    NOTIFY inside the enqueuing transaction is delivered by PostgreSQL only when that
-    transaction (or the caller's outer one) commits, and dropped on rollback: the same
-    guarantee as transaction.on_commit without a second round trip after the commit.
-    """
-    channel = settings.NOTIFY_CHANNEL
-    if not channel or connections[db].vendor != "postgresql":
-        return
-    queues = sorted({job.queue_name for job in jobs if job.run_at <= now})
-    if queues:
-        with connections[db].cursor() as cursor:
-            for queue in queues:
-                cursor.execute("SELECT pg_notify(%s, %s)", [channel, queue])
+def _ready_queues(jobs, now):
+    """The queues of ``jobs`` that have a job ready now: what idle workers are woken for."""
+    return sorted({job.queue_name for job in jobs if job.run_at <= now})
 
 
 _PENDING = State.PENDING.value  # an enum member's .value is a property call
@@ -165,116 +154,46 @@ def _enqueued_meta(given):
     return meta
 
 
-def _insert_plain(db, reqs, now):
-    """Insert requests without an idempotency key (nothing to look up first): per chunk
-    one multi-row INSERT ... RETURNING id and one INSERT of their enqueued events, in the
-    caller's transaction. On PostgreSQL a single job is one statement with its event and
-    NOTIFY, atomic on its own. Return the Job instances, in order."""
-    connection = connections[db]
-    writer = rows.JobWriter.on(connection)
-    at_db = connection.ops.adapt_datetimefield_value(now)
-    cache = {}
-    out = []
-    # COPY (PostgreSQL) has no statement size to keep small: fewer, larger chunks, fewer
-    # waits for the server to finish one before the next is sent.
-    size = (
-        settings.BULK_BATCH_SIZE
-        if connection.vendor != "postgresql"
-        else max(settings.BULK_BATCH_SIZE, 10_000)
-    )
-    for start in range(0, len(reqs), size):
-        part = reqs[start : start + size]
-        chunk = [_given(req, now) for req in part]
-        texts = [req.payload_json for req in part]
-        if None in texts:  # a request built without validation.payload_json
-            texts = [t if t is not None else json.dumps(r.payload) for t, r in zip(texts, part)]
-        copy = connection.vendor == "postgresql" and len(chunk) > 1
-        values, adapted = writer.rows(chunk, {"payload": texts}, cache, raw_json=copy)
-        params = (
-            list(chain.from_iterable(adapted))
-            if connection.vendor == "postgresql" and len(chunk) == 1
-            else []
+def _enqueued_events(connection, givens, at_db):
+    """Each new job's enqueued event row but its job_id (rows.event_params order)."""
+    # A batch's jobs mostly share queue, priority and run_at: jobs that share them share
+    # one row, so its metadata is adapted once.
+    out, shared = [], {}
+    for given in givens:
+        key = (
+            given["queue_name"],
+            given["priority"],
+            given["run_at"],
+            given["parent_id"],
+            given["concurrency_key"],
         )
-        insert = (
-            f"INSERT INTO {rows.JOB_TABLE} ({writer.columns})"
-            f" VALUES {rows.placeholders(writer.width, len(chunk), connection)}"
-            " RETURNING id"
-        )
-        if connection.vendor == "postgresql" and len(chunk) == 1:
+        tail = shared.get(key)
+        if tail is None:
             event = rows.event_params(
-                connection,
-                None,
-                EventType.ENQUEUED,
-                at_db,
-                0,
-                "",
-                "",
-                State.PENDING,
-                "",
-                _enqueued_meta(chunk[0]),
+                connection, None, EventType.ENQUEUED, at_db, 0, "", "", State.PENDING, "", None
             )
-            select, event_params = _event_select(connection, event, {0: "id"})
-            notify, notify_params = "", []
-            channel = settings.NOTIFY_CHANNEL
-            if channel and chunk[0]["run_at"] <= now:
-                notify, notify_params = ", pg_notify(%s, %s)", [channel, chunk[0]["queue_name"]]
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    f"WITH j AS ({insert}), e AS (INSERT INTO {rows.EVENT_TABLE} ({rows.EVENT_COLUMNS})"
-                    f" SELECT {select} FROM j) SELECT id{notify} FROM j",
-                    params + event_params + notify_params,
-                )
-                ids = [cursor.fetchone()[0]]
-        elif copy:
-            ids = rows.reserve_ids(connection, rows.JOB_TABLE, len(chunk))
-            rows.copy_insert(
-                connection,
-                rows.JOB_TABLE,
-                "id, " + writer.columns,
-                ([job_id, *row] for job_id, row in zip(ids, adapted)),
-            )
-        else:
-            sql, params = rows.values_clause(connection, adapted)
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    f"INSERT INTO {rows.JOB_TABLE} ({writer.columns}) VALUES {sql} RETURNING id", params
-                )
-                ids = [row[0] for row in cursor.fetchall()]
-        if len(ids) != len(chunk):
-            raise RuntimeError("the database did not return ids for a bulk insert")
-        if not (connection.vendor == "postgresql" and len(chunk) == 1):  # else logged by the statement
-            # A batch's jobs mostly share queue, priority and run_at: adapt each metadata once.
-            events, shared = [], {}
-            for job_id, given in zip(ids, chunk):
-                key = (
-                    given["queue_name"],
-                    given["priority"],
-                    given["run_at"],
-                    given["parent_id"],
-                    given["concurrency_key"],
-                )
-                tail = shared.get(key)
-                if tail is None:
-                    event = rows.event_params(
-                        connection,
-                        None,
-                        EventType.ENQUEUED,
-                        at_db,
-                        0,
-                        "",
-                        "",
-                        State.PENDING,
-                        "",
-                        None,
-                    )
-                    event[8] = rows.json_once(connection, _enqueued_meta(given))  # metadata
-                    tail = shared[key] = event[1:]  # all but job_id
-                events.append([job_id, *tail])
-            rows.insert_events(connection, events, copy=len(events) > 1)
-        out += writer.jobs(ids, values)
-    if len(reqs) > 1:
-        _notify(db, out, now)
+            event[8] = rows.json_once(connection, _enqueued_meta(given))  # metadata
+            tail = shared[key] = event[1:]  # all but job_id
+        out.append(tail)
     return out
+
+
+def _insert_plain(db, reqs, now, *, savepoint=True):
+    """Insert requests without an idempotency key (nothing to look up first), each with
+    its enqueued event, atomic together (in the caller's transaction if there is one).
+    Return the Job instances, in order."""
+    connection = connections[db]
+    givens = [_given(req, now) for req in reqs]
+    texts = [req.payload_json for req in reqs]
+    if None in texts:  # a request built without validation.payload_json
+        texts = [t if t is not None else json.dumps(r.payload) for t, r in zip(texts, reqs)]
+    events = _enqueued_events(connection, givens, connection.ops.adapt_datetimefield_value(now))
+    engine = engines.of(connection)
+    jobs = engine.insert_jobs(givens, texts, events, now, savepoint=savepoint)
+    if len(reqs) > 1:
+        # A lone job's NOTIFY went with its insert; a batch NOTIFYs once per queue.
+        engine.notify(_ready_queues(jobs, now))
+    return jobs
 
 
 def enqueue(req, *, using=None):
@@ -290,11 +209,7 @@ def enqueue(req, *, using=None):
     now = timezone.now()
     if req.idempotency_key is None:
         # Nothing to look up and no race to lose: no savepoint, the fewest statements.
-        if connections[db].vendor == "postgresql":
-            (job,) = _insert_plain(db, [req], now)
-        else:
-            with transaction.atomic(using=db):
-                (job,) = _insert_plain(db, [req], now)
+        (job,) = _insert_plain(db, [req], now)
         log.debug("enqueued id=%s kind=%s queue=%s", job.id, job.kind, job.queue_name)
         return job, True
     with transaction.atomic(using=db):
@@ -319,7 +234,7 @@ def enqueue(req, *, using=None):
                     extra["dedupe_released"] = {"job": stale.id, "key": req.idempotency_key}
                 job.save(using=db, force_insert=True)
                 _enqueued_event(job, now, **extra).save(using=db, force_insert=True)
-                _notify(db, [job], now)
+                engines.of(connections[db]).notify(_ready_queues([job], now))
         except IntegrityError:
             if req.idempotency_key is None:
                 raise
@@ -348,7 +263,7 @@ def bulk_enqueue(reqs, *, using=None):
             else:
                 plain.append(i)
         # Chunks of more than one: NOTIFY once per queue for the batch, not per chunk.
-        jobs = _insert_plain(db, [reqs[i] for i in plain], now)
+        jobs = _insert_plain(db, [reqs[i] for i in plain], now, savepoint=False)
         for i, job in zip(plain, jobs):
             out[i] = job
     return out
@@ -374,64 +289,34 @@ def claim(
     # their limit row's lock before the main claim (flow.py says why).
     pauses, limits = flow.claim_gates(db)
     at_db = connection.ops.adapt_datetimefield_value(now)
-    meta = {"lease_expires_at": expires.isoformat()}
+    # One claimed event per leased job; the engine fills in each one's id and attempt.
+    event = rows.event_params(
+        connection,
+        None,
+        EventType.CLAIMED,
+        at_db,
+        None,
+        worker_id,
+        State.PENDING,
+        State.LEASED,
+        "",
+        {"lease_expires_at": expires.isoformat()},
+    )
+    engine = engines.of(connection)
 
     def lease(n, **filters):
-        log = None
-        if connection.vendor == "postgresql":
-            # The claimed events go in with the claim itself (leasing.py): one round trip.
-            params = rows.event_params(
-                connection,
-                None,
-                EventType.CLAIMED,
-                at_db,
-                None,
-                worker_id,
-                State.PENDING,
-                State.LEASED,
-                "",
-                meta,
-            )
-            select = ", ".join("attempts" if i == 3 else "id" if i == 0 else "%s" for i in range(len(params)))
-            log = (
-                f"INSERT INTO {rows.EVENT_TABLE} ({rows.EVENT_COLUMNS}) SELECT {select}",
-                [p for i, p in enumerate(params) if i not in (0, 3)],
-            )
-        found = leasing.claim(
-            connection,
+        found = engine.claim(
             owner=worker_id,
             limit=n,
             now=now,
             expires=expires,
+            event=event,
             queues=list(queues) if queues else None,
             aging_us=ordering.aging_microseconds(aging),
             exclude_queues=pauses.queues,
-            log=log,
             **filters,
         )
-        if not found:
-            return []
-        leased = rows.JobReader.on(connection).jobs(found)
-        if log is None:
-            rows.insert_events(
-                connection,
-                [
-                    rows.event_params(
-                        connection,
-                        job.id,
-                        EventType.CLAIMED,
-                        at_db,
-                        job.attempts,
-                        worker_id,
-                        State.PENDING,
-                        State.LEASED,
-                        "",
-                        meta,
-                    )
-                    for job in leased
-                ],
-            )
-        return leased
+        return rows.JobReader.on(connection).jobs(found) if found else []
 
     jobs = []
     for kind in flow.kinds_to_claim(limits, kinds, pauses):
@@ -446,12 +331,8 @@ def claim(
     excluded = pauses.kinds | set(limits)
     wanted = [k for k in kinds if k not in excluded] if kinds else None
     if len(jobs) < limit and (wanted is None or wanted):
-        if connection.vendor == "postgresql":
-            # One statement, atomic on its own: no BEGIN/COMMIT round trips around it.
-            jobs += lease(limit - len(jobs), kinds=wanted, exclude_kinds=excluded)
-        else:
-            with transaction.atomic(using=db, savepoint=False):
-                jobs += lease(limit - len(jobs), kinds=wanted, exclude_kinds=excluded)
+        # Atomic with its events on its own (on PostgreSQL one statement, no BEGIN/COMMIT).
+        jobs += lease(limit - len(jobs), kinds=wanted, exclude_kinds=excluded)
     jobs.sort(key=lambda j: ordering.sort_key(j, now, aging))
     return jobs
 
@@ -488,16 +369,21 @@ _FOLLOW_UP_FIELDS = (
 def _follow_ups(db, job, state, now, *, result=None, error=None):
     """Enqueue a finished job's chained job and webhook delivery, in the caller's
     transaction; return what its terminal event records about them."""
-    return {
-        **chaining.follow_up(job, state, now, result=result, error=error, using=db),
-        **webhooks.notify(job, state, now, result=result, error=error, using=db),
-    }
+    child, chained = chaining.follow_up(job, state, now, result=result, error=error)
+    if child is not None:
+        child, _ = enqueue(child, using=db)
+        log.debug("chained id=%s -> id=%s kind=%s", job.id, child.id, child.kind)
+        chained = {"chained": child.id}
+    hook, hooked = webhooks.delivery(job, state, now, result=result, error=error)
+    if hook is not None:
+        hook, _ = enqueue(hook, using=db)
+        hooked = {"webhook": hook.id}
+    return {**chained, **hooked}
 
 
-def _owned(db, job_id, worker_id, attempt):
-    return Job.objects.using(db).filter(
-        id=job_id, state=State.LEASED, lease_owner=worker_id, attempts=attempt
-    )
+def _held(db, worker_id, pairs):
+    """The jobs of ``pairs`` [(job_id, attempt)] this worker still holds (engines.base.Fence)."""
+    return Job.objects.using(db).filter(Fence(worker_id, pairs).q())
 
 
 def _lost(job_id, worker_id, attempt, action):
@@ -510,121 +396,19 @@ def _lost(job_id, worker_id, attempt, action):
     )
 
 
-def _event_select(connection, params, computed):
-    """An event row as a select list over a CTE's rows: ``computed`` maps positions in
-    ``params`` (from rows.event_params) to SQL; the rest stay parameters."""
-    select = ", ".join(computed.get(i, "%s") for i in range(len(params)))
-    return select, [p for i, p in enumerate(params) if i not in computed or "%s" in computed[i]]
-
-
-def _which(pairs):
-    """SQL matching exactly the (id, attempts) ``pairs``: one id list per attempt number."""
-    by_attempt = {}
-    for job_id, attempt in pairs:
-        by_attempt.setdefault(attempt, []).append(job_id)
-    parts, params = [], []
-    for attempt, ids in by_attempt.items():
-        parts.append(f"(attempts = %s AND id IN ({', '.join(['%s'] * len(ids))}))")
-        params += [attempt, *ids]
-    return "(" + " OR ".join(parts) + ")", params
-
-
 def _complete_plain(db, done, worker_id, now):
     """Complete those of ``done`` [(job_id, attempt, result, metadata)] that this worker
-    still holds (same guard as _owned) and that have no follow-up to enqueue (no
-    on_success, no webhook): one UPDATE and one INSERT of their events, in one
-    transaction (on PostgreSQL one statement). Return the ids completed; the caller
-    settles the rest the long way, which also tells a lost lease from a follow-up."""
+    still holds and that have no follow-up to enqueue (no on_success, no webhook), with
+    their events, in one transaction (on PostgreSQL one statement). Return the ids
+    completed; the caller settles the rest the long way, which also tells a lost lease
+    from a follow-up."""
     connection = connections[db]
     at_db = connection.ops.adapt_datetimefield_value(now)
-    guard = "state = 'leased' AND lease_owner = %s AND on_success IS NULL AND webhook_url IS NULL"
-    if connection.vendor == "postgresql":
-        values = []
-        for job_id, attempt, result, meta in done:
-            values += [
-                job_id,
-                attempt,
-                rows.json_value(connection, result),
-                rows.json_value(connection, meta),
-            ]
-        params = rows.event_params(
-            connection,
-            None,
-            EventType.COMPLETED,
-            at_db,
-            None,
-            worker_id,
-            State.LEASED,
-            State.COMPLETED,
-            "",
-            {},
-        )
-        select, event_params = _event_select(
-            connection, params, {0: "id", 3: "attempts", 8: "COALESCE(meta::jsonb, %s)"}
-        )
-        t = rows.JOB_TABLE
-        sql = f"""
-        WITH v(id, attempt, result, meta) AS (VALUES {rows.placeholders(4, len(done))}),
-        done AS (
-            UPDATE {t} SET state = 'completed', finished_at = %s, result = v.result::jsonb,
-                lease_owner = NULL, lease_expires_at = NULL
-            FROM v WHERE {t}.id = v.id AND {t}.attempts = v.attempt AND {t}.{guard.replace(" AND ", f" AND {t}.")}
-            RETURNING {t}.id, {t}.attempts, v.meta
-        ),
-        logged AS (INSERT INTO {rows.EVENT_TABLE} ({rows.EVENT_COLUMNS}) SELECT {select} FROM done)
-        SELECT id FROM done
-        """
-        with connection.cursor() as cursor:
-            cursor.execute(sql, values + [at_db, worker_id] + event_params)
-            return {row[0] for row in cursor.fetchall()}
-    results = {}
-    for job_id, attempt, result, _ in done:
-        results.setdefault(json.dumps(result, sort_keys=True), (result, []))[1].append((job_id, attempt))
-    held = set()
-    with transaction.atomic(using=db, savepoint=False), connection.cursor() as cursor:
-        if connection.vendor != "sqlite":
-            # No UPDATE ... RETURNING on MariaDB: lock what we hold, then write by id.
-            which, params = _which([(d[0], d[1]) for d in done])
-            cursor.execute(
-                f"SELECT id FROM {rows.JOB_TABLE} WHERE {guard} AND {which} FOR UPDATE", [worker_id] + params
-            )
-            held = {row[0] for row in cursor.fetchall()}
-        # One UPDATE per distinct result: no-op jobs (all None) settle in a single statement.
-        for result, pairs in results.values():
-            sql = (
-                f"UPDATE {rows.JOB_TABLE} SET state = 'completed', finished_at = %s, result = %s,"
-                " lease_owner = NULL, lease_expires_at = NULL"
-            )
-            params = [at_db, rows.json_value(connection, result)]
-            if connection.vendor == "sqlite":
-                which, more = _which(pairs)
-                cursor.execute(f"{sql} WHERE {guard} AND {which} RETURNING id", params + [worker_id] + more)
-                held.update(row[0] for row in cursor.fetchall())
-            else:
-                ids = [job_id for job_id, _ in pairs if job_id in held]
-                if ids:
-                    cursor.execute(f"{sql} WHERE id IN ({', '.join(['%s'] * len(ids))})", params + ids)
-        if held:
-            rows.insert_events(
-                connection,
-                [
-                    rows.event_params(
-                        connection,
-                        job_id,
-                        EventType.COMPLETED,
-                        at_db,
-                        attempt,
-                        worker_id,
-                        State.LEASED,
-                        State.COMPLETED,
-                        "",
-                        meta,
-                    )
-                    for job_id, attempt, _, meta in done
-                    if job_id in held
-                ],
-            )
-    return held
+    # The engine fills in each event's job id and attempt, and its metadata from ``done``.
+    event = rows.event_params(
+        connection, None, EventType.COMPLETED, at_db, None, worker_id, State.LEASED, State.COMPLETED, "", {}
+    )
+    return engines.of(connection).complete_plain(done, worker_id, at_db, event)
 
 
 def complete(job_id, *, worker_id, attempt, result=None, output=None, using=None):
@@ -637,7 +421,7 @@ def complete(job_id, *, worker_id, attempt, result=None, output=None, using=None
     if _complete_plain(db, [(job_id, attempt, result, _with_output(None, output))], worker_id, now):
         return True
     with transaction.atomic(using=db):
-        changed = _owned(db, job_id, worker_id, attempt).update(
+        changed = _held(db, worker_id, [(job_id, attempt)]).update(
             state=State.COMPLETED,
             finished_at=now,
             result=result,
@@ -693,20 +477,16 @@ def complete_many(done, *, worker_id, using=None):
     if not done:
         return fast
     # The rest have a follow-up to enqueue, or are no longer ours.
-    wanted = {job_id: attempt for job_id, attempt, _ in done}
     with transaction.atomic(using=db, savepoint=False):
-        # Lock what we still hold, then write by id alone: the lock keeps the guard true.
-        rows = [
-            (job_id, has_follow_up)
-            for job_id, attempts, has_follow_up in Job.objects.using(db)
+        # Lock what we still hold, then write by id alone: the lock keeps the fence true.
+        locked = list(
+            _held(db, worker_id, [(job_id, attempt) for job_id, attempt, _ in done])
             .select_for_update()
-            .filter(id__in=list(wanted), state=State.LEASED, lease_owner=worker_id)
             .annotate(has_follow_up=_HAS_FOLLOW_UP)
-            .values_list("id", "attempts", "has_follow_up")
-            if wanted[job_id] == attempts
-        ]
-        held = {job_id for job_id, _ in rows}
-        follow = {job_id for job_id, has_follow_up in rows if has_follow_up}
+            .values_list("id", "has_follow_up")
+        )
+        held = {job_id for job_id, _ in locked}
+        follow = {job_id for job_id, has_follow_up in locked if has_follow_up}
         by_result = {}
         for job_id, _, result in done:
             if job_id in held:
@@ -777,7 +557,7 @@ def fail(job_id, *, worker_id, attempt, error, retry=True, retry_delay=None, out
     now = timezone.now()
     error = validation.payload(error, "error")
     with transaction.atomic(using=db):
-        job = _owned(db, job_id, worker_id, attempt).select_for_update().first()
+        job = _held(db, worker_id, [(job_id, attempt)]).select_for_update().first()
         if job is None:
             _lost(job_id, worker_id, attempt, "fail")
             return None
@@ -851,12 +631,12 @@ def release(job_id, *, worker_id, attempt, using=None):
     now = timezone.now()
     with transaction.atomic(using=db):
         changed = (
-            _owned(db, job_id, worker_id, attempt)
+            _held(db, worker_id, [(job_id, attempt)])
             .filter(cancel_requested_at__isnull=True)
             .update(state=State.PENDING, attempts=attempt - 1, lease_owner=None, lease_expires_at=None)
         )
         if not changed:
-            if _owned(db, job_id, worker_id, attempt).exists():
+            if _held(db, worker_id, [(job_id, attempt)]).exists():
                 # Its abort was asked for: giving it back would run it again.
                 return abort(
                     job_id, worker_id=worker_id, attempt=attempt, how="released unfinished", using=db
@@ -884,10 +664,10 @@ def renew(job_ids, *, worker_id, lease_seconds=None, using=None):
     lease = float(settings.LEASE_SECONDS if lease_seconds is None else lease_seconds)
     now = timezone.now()
     with transaction.atomic(using=db):
-        held = Job.objects.using(db).filter(id__in=list(job_ids), state=State.LEASED, lease_owner=worker_id)
-        ids = set(held.values_list("id", flat=True))
+        # By id and owner: the heartbeat knows no attempts (engines.base.Fence says why).
+        ids = set(_held(db, worker_id, [(job_id, None) for job_id in job_ids]).values_list("id", flat=True))
         if ids:
-            Job.objects.using(db).filter(id__in=ids, state=State.LEASED, lease_owner=worker_id).update(
+            _held(db, worker_id, [(job_id, None) for job_id in ids]).update(
                 lease_expires_at=now + timedelta(seconds=lease)
             )
     return ids
@@ -932,7 +712,7 @@ def recover(*, limit=500, now=None, owned_by=None, using=None):
                 letters.append(_dead_letter_row(job, now, error, "lease_expired"))
                 meta.update(_follow_ups(db, job, State.DEAD_LETTER, now, error=error))
             elif to == State.CANCELLED:
-                meta.update(webhooks.notify(job, State.CANCELLED, now, using=db))
+                meta.update(_follow_ups(db, job, State.CANCELLED, now))
             events.append(
                 _event(
                     job.id,
@@ -1035,14 +815,14 @@ def requeue(job_id, *, payload=_UNSET, max_attempts=None, actor="", using=None):
 
 
 def cancel(job_id, *, actor="", reason="", using=None):
-    """Cancel a pending job, or a leased one (its worker's result will be refused).
+    """Cancel a pending job (a leased one is stopped by request_abort: aborting.cancel).
 
     The idempotency key is released, so the same key can enqueue a fresh job.
     """
     db = _db(using)
     now = timezone.now()
     with transaction.atomic(using=db):
-        job = _locked(db, job_id, {State.PENDING, State.LEASED}, "cancel")
+        job = _locked(db, job_id, {State.PENDING}, "cancel")
         Job.objects.using(db).filter(id=job.id).update(
             state=State.CANCELLED,
             finished_at=now,
@@ -1062,7 +842,7 @@ def cancel(job_id, *, actor="", reason="", using=None):
             metadata={
                 "idempotency_key": job.idempotency_key,
                 "lease_owner": job.lease_owner,
-                **webhooks.notify(job, State.CANCELLED, now, using=db),
+                **_follow_ups(db, job, State.CANCELLED, now),
             },
         ).save(using=db)
     job.refresh_from_db(using=db)
@@ -1103,7 +883,7 @@ def abort(job_id, *, worker_id, attempt, how, error=None, using=None):
     now = timezone.now()
     with transaction.atomic(using=db):
         job = (
-            _owned(db, job_id, worker_id, attempt)
+            _held(db, worker_id, [(job_id, attempt)])
             .filter(cancel_requested_at__isnull=False)
             .select_for_update()
             .first()
@@ -1130,66 +910,70 @@ def abort(job_id, *, worker_id, attempt, how, error=None, using=None):
             attempt=attempt,
             worker=worker_id,
             message=f"aborted: {how}",
-            metadata={**meta, **webhooks.notify(job, State.CANCELLED, now, using=db)},
+            metadata={**meta, **_follow_ups(db, job, State.CANCELLED, now)},
         ).save(using=db)
     return True
 
 
-def retry_now(job_id, *, actor="", using=None):
-    """Make a scheduled or retrying job ready now."""
-    db = _db(using)
+def _edit(db, job_id, allowed, action, changes, event_type, metadata, actor):
+    """An operator's edit of a job that keeps its state: lock it, check ``allowed``,
+    apply ``changes(job)`` and append ``event_type`` with ``metadata(job)``; return it."""
     now = timezone.now()
     with transaction.atomic(using=db):
-        job = _locked(db, job_id, {State.PENDING}, "retry now")
-        Job.objects.using(db).filter(id=job.id).update(run_at=now)
+        job = _locked(db, job_id, allowed, action)
+        Job.objects.using(db).filter(id=job.id).update(**changes(job, now))
         _event(
             job.id,
-            EventType.RESCHEDULED,
+            event_type,
             now,
             from_state=job.state,
             to_state=job.state,
             worker=actor,
-            metadata={"previous_run_at": job.run_at.isoformat()},
+            metadata=metadata(job),
         ).save(using=db)
     job.refresh_from_db(using=db)
     return job
+
+
+def retry_now(job_id, *, actor="", using=None):
+    """Make a scheduled or retrying job ready now."""
+    return _edit(
+        _db(using),
+        job_id,
+        {State.PENDING},
+        "retry now",
+        lambda job, now: {"run_at": now},
+        EventType.RESCHEDULED,
+        lambda job: {"previous_run_at": job.run_at.isoformat()},
+        actor,
+    )
 
 
 def change_priority(job_id, priority, *, actor="", using=None):
+    """Give a pending or dead-lettered job a new priority."""
     priority = validation.priority(priority)
-    db = _db(using)
-    now = timezone.now()
-    with transaction.atomic(using=db):
-        job = _locked(db, job_id, {State.PENDING, State.DEAD_LETTER}, "change priority")
-        Job.objects.using(db).filter(id=job.id).update(priority=priority)
-        _event(
-            job.id,
-            EventType.PRIORITY_CHANGED,
-            now,
-            from_state=job.state,
-            to_state=job.state,
-            worker=actor,
-            metadata={"from": job.priority, "to": priority},
-        ).save(using=db)
-    job.refresh_from_db(using=db)
-    return job
+    return _edit(
+        _db(using),
+        job_id,
+        {State.PENDING, State.DEAD_LETTER},
+        "change priority",
+        lambda job, now: {"priority": priority},
+        EventType.PRIORITY_CHANGED,
+        lambda job: {"from": job.priority, "to": priority},
+        actor,
+    )
 
 
 def change_payload(job_id, payload, *, actor="", using=None):
+    """Replace a pending or dead-lettered job's payload."""
     payload = validation.payload(payload)
-    db = _db(using)
-    now = timezone.now()
-    with transaction.atomic(using=db):
-        job = _locked(db, job_id, {State.PENDING, State.DEAD_LETTER}, "edit payload")
-        Job.objects.using(db).filter(id=job.id).update(payload=payload)
-        _event(
-            job.id,
-            EventType.PAYLOAD_CHANGED,
-            now,
-            from_state=job.state,
-            to_state=job.state,
-            worker=actor,
-            metadata={"previous_payload": job.payload},
-        ).save(using=db)
-    job.refresh_from_db(using=db)
-    return job
+    return _edit(
+        _db(using),
+        job_id,
+        {State.PENDING, State.DEAD_LETTER},
+        "edit payload",
+        lambda job, now: {"payload": payload},
+        EventType.PAYLOAD_CHANGED,
+        lambda job: {"previous_payload": job.payload},
+        actor,
+    )

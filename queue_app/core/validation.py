@@ -13,6 +13,7 @@ from numbers import Real
 from django.utils import timezone
 
 from queue_app.conf import settings
+from queue_app.core import urls
 from queue_app.exceptions import InvalidJob
 from queue_app.models import (
     CONCURRENCY_KEY_MAX_LENGTH,
@@ -71,7 +72,7 @@ class EnqueueRequest:
     timeout: float | None
     # Seconds the idempotency key dedupes for; None: for as long as the job exists.
     unique_for: float | None = None
-    # Follow-up job templates (chaining.py) and the outcome's webhook (webhooks.py).
+    # Follow-up job templates (follow_ups.py) and the outcome's webhook (webhooks.py).
     on_success: dict | None = None
     on_failure: dict | None = None
     webhook_url: str | None = None
@@ -423,29 +424,27 @@ def enqueue_options(options, now, between=None):
             )
     hook = options.get("webhook_url")
     if hook is not None:
-        from queue_app.core import webhooks
-
-        hook = webhooks.check_url(text(hook, "webhook_url") if isinstance(hook, str) else hook)
+        hook = urls.check_url(text(hook, "webhook_url") if isinstance(hook, str) else hook)
     if between is not None:
         between()
-    return dict(
-        queue_name=name(
+    return {
+        "queue_name": name(
             options.get("queue_name") or settings.DEFAULT_QUEUE, "queue_name", QUEUE_NAME_MAX_LENGTH
         ),
-        priority=priority(options.get("priority", 0) if options.get("priority") is not None else 0),
-        run_at=when,
-        max_attempts=max_attempts(settings.DEFAULT_MAX_ATTEMPTS if attempts is None else attempts),
-        idempotency_key=idempotency_key(options.get("idempotency_key")),
-        concurrency_key=concurrency_key(options.get("concurrency_key")),
-        timeout=timeout,
-        unique_for=unique_for,
-        on_success=template(options.get("on_success"), "on_success", now),
-        on_failure=template(options.get("on_failure"), "on_failure", now),
-        webhook_url=hook,
-        backoff_base=backoff_base(options.get("backoff_base")),
-        backoff_max=backoff_max(options.get("backoff_max")),
-        backoff_jitter=backoff_jitter(options.get("backoff_jitter")),
-    )
+        "priority": priority(options.get("priority", 0) if options.get("priority") is not None else 0),
+        "run_at": when,
+        "max_attempts": max_attempts(settings.DEFAULT_MAX_ATTEMPTS if attempts is None else attempts),
+        "idempotency_key": idempotency_key(options.get("idempotency_key")),
+        "concurrency_key": concurrency_key(options.get("concurrency_key")),
+        "timeout": timeout,
+        "unique_for": unique_for,
+        "on_success": template(options.get("on_success"), "on_success", now),
+        "on_failure": template(options.get("on_failure"), "on_failure", now),
+        "webhook_url": hook,
+        "backoff_base": backoff_base(options.get("backoff_base")),
+        "backoff_max": backoff_max(options.get("backoff_max")),
+        "backoff_jitter": backoff_jitter(options.get("backoff_jitter")),
+    }
 
 
 def batch_size(value, field="limit"):

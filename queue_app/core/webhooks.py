@@ -1,8 +1,8 @@
 """Webhooks: a job with a ``webhook_url`` has its outcome POSTed there when it reaches a
 terminal state (completed, dead_letter, cancelled).
 
-Delivery is itself a job of kind ``queue_app.webhook``, enqueued by the terminal
-transition in the same transaction, so it survives restarts, retries with the usual
+Delivery is itself a job of kind ``queue_app.webhook`` (delivery() builds it), enqueued
+by the terminal transition in the same transaction, so it survives restarts, retries with the usual
 backoff and ends in the dead-letter queue when the receiver never accepts: a receiver
 that is down for an hour still gets the call, and an operator can replay it.
 
@@ -42,9 +42,9 @@ import ssl
 import time
 from urllib.parse import urlsplit
 
-from django.core.exceptions import ImproperlyConfigured
-
 from queue_app.conf import settings
+from queue_app.core import validation
+from queue_app.core.urls import address_allowed, check_url, host_allowed  # noqa: F401  (re-exported)
 from queue_app.exceptions import InvalidJob
 from queue_app.models import State
 
@@ -57,88 +57,7 @@ DELIVERY_HEADER = "X-Jobqueue-Delivery"
 ATTEMPT_HEADER = "X-Jobqueue-Attempt"
 # Seconds a signature stays acceptable, either way of the receiver's clock (Stripe's default).
 SIGNATURE_TOLERANCE = 300
-URL_MAX_LENGTH = 2000
 TERMINAL = (State.COMPLETED, State.DEAD_LETTER, State.CANCELLED)
-
-
-def host_allowed(host):
-    host = (host or "").lower().rstrip(".")
-    for entry in settings.WEBHOOK_ALLOWED_HOSTS or ():
-        entry = entry.lower()
-        if entry.startswith("."):
-            if host == entry[1:] or host.endswith(entry):
-                return True
-        elif host == entry:
-            return True
-    return False
-
-
-def check_url(url):
-    """Return ``url`` if it may receive webhooks, else raise InvalidJob saying why."""
-    field = "webhook_url"
-    if not isinstance(url, str) or not url:
-        raise InvalidJob("webhook_url must be a non-empty string", field)
-    if len(url) > URL_MAX_LENGTH:
-        raise InvalidJob(f"webhook_url is {len(url)} characters; the limit is {URL_MAX_LENGTH}", field)
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname
-        parts.port  # noqa: B018  (raises on a malformed port)
-    except ValueError as exc:
-        raise InvalidJob(f"webhook_url is not a valid URL: {exc}", field) from None
-    if parts.scheme not in ("http", "https"):
-        raise InvalidJob(f"webhook_url must be http or https, not {parts.scheme or 'empty'!r}", field)
-    if not host:
-        raise InvalidJob("webhook_url has no host", field)
-    if parts.username or parts.password:
-        raise InvalidJob(
-            "webhook_url may not carry credentials; set WEBHOOK_SECRET to sign deliveries", field
-        )
-    if not host_allowed(host):
-        raise InvalidJob(f"webhook host {host!r} is not in the WEBHOOK_ALLOWED_HOSTS setting", field)
-    try:
-        literal = ipaddress.ip_address(host)
-    except ValueError:
-        literal = None  # a name: its addresses are vetted when it is resolved, at delivery
-    if literal is not None and not address_allowed(literal):
-        raise InvalidJob(f"webhook address {host} is not public and not in WEBHOOK_ALLOWED_NETWORKS", field)
-    return url
-
-
-def _embedded_ipv4(ip):
-    """The IPv4 address an IPv6 one reaches (IPv4-mapped, 6to4, NAT64), else None."""
-    if ip.version != 6:
-        return None
-    if ip.ipv4_mapped or ip.sixtofour:
-        return ip.ipv4_mapped or ip.sixtofour
-    if ip in _NAT64:
-        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
-    return None
-
-
-_NAT64 = ipaddress.ip_network("64:ff9b::/96")
-
-
-def address_allowed(ip):
-    """Whether a webhook may connect to ``ip``: a public address, or one in WEBHOOK_ALLOWED_NETWORKS."""
-    # An IPv6 address that carries an IPv4 one reaches that IPv4 host: judge that one.
-    target = _embedded_ipv4(ip) or ip
-    try:
-        networks = [
-            ipaddress.ip_network(entry, strict=False) for entry in settings.WEBHOOK_ALLOWED_NETWORKS or ()
-        ]
-    except (TypeError, ValueError) as exc:
-        raise ImproperlyConfigured(f"JOBQUEUE['WEBHOOK_ALLOWED_NETWORKS']: {exc}") from None
-    if any(a.version == net.version and a in net for a in (ip, target) for net in networks):
-        return True
-    return target.is_global and not (
-        target.is_loopback
-        or target.is_private
-        or target.is_link_local
-        or target.is_multicast
-        or target.is_reserved
-        or target.is_unspecified
-    )
 
 
 def vetted_addresses(host, port):
@@ -175,15 +94,14 @@ def body_for(job, state, now, *, result=None, error=None):
     }
 
 
-def notify(job, state, now, *, result=None, error=None, using="default"):
-    """Enqueue the delivery of ``job``'s outcome if it has a webhook; return event metadata."""
-    if not job.webhook_url or state not in TERMINAL:
-        return {}
-    from queue_app.core import (
-        transitions,  # transitions calls us: import on use
-        validation,
-    )
+def delivery(job, state, now, *, result=None, error=None):
+    """Return (EnqueueRequest or None, event metadata): the delivery job of ``job``'s outcome.
 
+    None when the job has no webhook or ``state`` is not terminal. The caller (the
+    terminal transition) enqueues it in its own transaction and records its id as
+    ``webhook``; a delivery that does not validate gives ``webhook_error`` instead."""
+    if not job.webhook_url or state not in TERMINAL:
+        return None, {}
     try:
         req = validation.enqueue_request(
             KIND,
@@ -194,9 +112,8 @@ def notify(job, state, now, *, result=None, error=None, using="default"):
         )
     except InvalidJob as exc:
         log.error("webhook refused id=%s: %s", job.id, exc)
-        return {"webhook_error": str(exc)}
-    delivery, _ = transitions.enqueue(req, using=using)
-    return {"webhook": delivery.id}
+        return None, {"webhook_error": str(exc)}
+    return req, {}
 
 
 def sign(data, secret, timestamp):

@@ -1,5 +1,5 @@
-"""Raw multi-row SQL for the hot transitions (claim, complete, enqueue). Called only
-from transitions.py, which decides what every row says.
+"""Row building for the engines' multi-row SQL (claim, complete, enqueue): shared by
+every vendor module; transitions.py decides what every row says.
 
 Why raw SQL here. Building a model instance per Event and per Job and letting the ORM
 adapt every field of every row cost about half of a batched drain (py-spy on
@@ -100,6 +100,13 @@ def event_params(connection, job_id, type_, at_db, attempt, worker, from_state, 
     return row
 
 
+def event_select(params, computed):
+    """An event row as a select list over a CTE's rows: ``computed`` maps positions in
+    ``params`` (from event_params) to SQL; the rest stay parameters."""
+    select = ", ".join(computed.get(i, "%s") for i in range(len(params)))
+    return select, [p for i, p in enumerate(params) if i not in computed or "%s" in computed[i]]
+
+
 def unnest_insert(connection, table, columns, fields, rows, returning=""):
     """PostgreSQL: INSERT many rows as one array per column (INSERT ... SELECT FROM
     unnest(...), as Django's own bulk_create does since 5.2): the statement has one
@@ -124,10 +131,9 @@ def copy_insert(connection, table, columns, rows):
     """PostgreSQL: append rows with COPY. Unlike an INSERT of arrays, whose every value
     psycopg quotes in Python (client-side binding), COPY formats rows in its C core:
     three quarters of a bulk enqueue's time went to quoting."""
-    with connection.cursor() as cursor:
-        with cursor.cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
-            for row in rows:
-                copy.write_row(row)
+    with connection.cursor() as cursor, cursor.cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
+        for row in rows:
+            copy.write_row(row)
 
 
 def json_once(connection, value):

@@ -1,50 +1,35 @@
-"""How an idle worker child waits for work: sleep for the poll interval, or on
-PostgreSQL until an enqueue NOTIFYs the channel (transitions.enqueue sends it in the
-enqueuing transaction, so it arrives only on commit), or on SQLite until the database
-file changes.
-
-SQLite has no NOTIFY, but ``PRAGMA data_version`` changes whenever another connection
-commits to the file, and reading it touches no table (it costs microseconds). So an
-idle child reads it every SQLITE_WAKE_INTERVAL and returns to claim as soon as it
-moved: enqueue-to-start latency is a few milliseconds instead of half the poll
-interval, while an idle queue still costs no claim queries. Any commit wakes it
-(heartbeats too); the claim that follows simply finds nothing.
-
-MariaDB has neither, so an idle child there reads the newest event id every
-MARIADB_WAKE_INTERVAL: every edge that makes a job ready (enqueue, requeue, retry
-now, lease recovery) appends an event in the same transaction, so the id moves on
-commit, and MAX() of the primary key is a single index read ("Select tables optimized
-away"). Ids are handed out at insert, not at commit, so an enqueue that commits after a
-later insert moved MAX() already, or between the empty claim and the first look, is
-found by the ordinary poll instead: the poll interval stays the worst case. So is a job
-whose retry or schedule comes due later."""
+"""How an idle worker child waits for work: sleep for the poll interval, or until the
+database says work may have arrived, whichever comes first. The engine says how its
+database tells (Engine.wake_up): on PostgreSQL a NOTIFY that an enqueue sends in its
+transaction (so it arrives only on commit); on SQLite and MariaDB a value that moves
+when another connection commits (wake_version), looked at every few milliseconds. The
+engines' modules say why each works and what it misses; the poll interval stays the
+worst case everywhere."""
 
 import logging
 import time
 
 from django.db import close_old_connections, connection
 
-from queue_app.conf import settings
+from queue_app import engines
 
 log = logging.getLogger("queue_app")
 
 
 class Waiter:
-    """How an idle child waits: sleep for the poll interval, or on PostgreSQL until an
-    enqueue NOTIFYs the channel (whichever comes first)."""
+    """How an idle child waits: sleep for the poll interval."""
 
     @staticmethod
     def for_connection(options):
-        channel = settings.NOTIFY_CHANNEL
-        if connection.vendor == "postgresql" and channel and not options.burst:
+        """Return the waiter for this database: its wake-up, or a plain sleep (--burst)."""
+        how = None if options.burst else engines.of(connection).wake_up()
+        if how is not None and how.channel:
             try:
-                return PgWaiter(channel)
+                return ListenWaiter(how.channel)
             except Exception:
                 log.exception("LISTEN failed; falling back to polling")
-        if connection.vendor == "sqlite" and settings.SQLITE_WAKE_INTERVAL and not options.burst:
-            return SqliteWaiter(float(settings.SQLITE_WAKE_INTERVAL))
-        if connection.vendor == "mysql" and settings.MARIADB_WAKE_INTERVAL and not options.burst:
-            return MariadbWaiter(float(settings.MARIADB_WAKE_INTERVAL))
+        elif how is not None and how.interval:
+            return VersionWaiter(how.interval)
         return Waiter()
 
     def wait(self, seconds, stopping):
@@ -54,19 +39,16 @@ class Waiter:
         pass
 
 
-class PgWaiter(Waiter):
+class ListenWaiter(Waiter):
+    """Wait until a NOTIFY arrives on ``channel``."""
+
     def __init__(self, channel):
         self.channel = channel
         self.conn = None
         self._connect()
 
     def _connect(self):
-        import psycopg
-
-        params = connection.get_connection_params()
-        params.pop("cursor_factory", None)
-        self.conn = psycopg.Connection.connect(**params, autocommit=True)
-        self.conn.execute(f'LISTEN "{self.channel}"')
+        self.conn = engines.of(connection).listen(self.channel)
 
     def wait(self, seconds, stopping):
         # Short slices so a stop request is seen within a fraction of a second.
@@ -97,17 +79,13 @@ class PgWaiter(Waiter):
 
 
 class VersionWaiter(Waiter):
-    """Look at a value that moves when work may have arrived (VERSION) every ``interval``."""
-
-    VERSION = None
+    """Look at a value that moves when work may have arrived every ``interval``."""
 
     def __init__(self, interval):
         self.interval = interval
 
     def _version(self):
-        with connection.cursor() as cursor:
-            cursor.execute(self.VERSION)
-            return cursor.fetchone()[0]
+        return engines.of(connection).wake_version()
 
     def wait(self, seconds, stopping):
         end = time.monotonic() + seconds
@@ -125,11 +103,6 @@ class VersionWaiter(Waiter):
             stopping.wait(max(0.0, end - time.monotonic()))
 
 
-class SqliteWaiter(VersionWaiter):
-    # data_version is per connection: it moves for commits by *other* connections,
-    # which is what an enqueue is. The worker's own claims do not wake it.
-    VERSION = "PRAGMA data_version"
-
-
-class MariadbWaiter(VersionWaiter):
-    VERSION = "SELECT MAX(id) FROM queue_app_event"
+# The names by database, as tests/worker/test_wakeup.py uses them.
+PgWaiter = ListenWaiter
+SqliteWaiter = MariadbWaiter = VersionWaiter

@@ -112,7 +112,7 @@ def test_a_job_with_jitter_waits_anywhere_up_to_its_delay(settings):
         ]
     )
     delays = []
-    for job in jobs:
+    for _job in jobs:
         [claimed] = transitions.claim(WORKER, kinds=["backoff-jitter"])
         transitions.fail(claimed.id, worker_id=WORKER, attempt=claimed.attempts, error={"message": "no"})
         delays.append(Event.objects.filter(job_id=claimed.id, type=EventType.FAILED).get().metadata["delay"])

@@ -6,8 +6,9 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
+from queue_app import engines
 from queue_app.core import flow, transitions
-from queue_app.engines import leasing
+from queue_app.engines import rows
 from queue_app.exceptions import InvalidJob
 from queue_app.models import Job, KindLimit, Pause, State
 from tests.factories import JobFactory
@@ -244,12 +245,19 @@ def test_exclude_keys_never_leaves_out_jobs_without_a_key():
     JobFactory(kind="echo", concurrency_key="b")
     unkeyed = JobFactory(kind="echo")
     now = timezone.now()
+    at_db = connection.ops.adapt_datetimefield_value(now)
+    event = rows.event_params(connection, None, "claimed", at_db, None, "w1", "pending", "leased", "", {})
     with transaction.atomic():
-        rows = leasing.claim(
-            connection, owner="w1", limit=10, now=now, expires=now + timedelta(seconds=30), exclude_keys=["a"]
+        found = engines.of(connection).claim(
+            owner="w1",
+            limit=10,
+            now=now,
+            expires=now + timedelta(seconds=30),
+            event=event,
+            exclude_keys=["a"],
         )
     leased = Job.objects.filter(state=State.LEASED)
-    assert len(rows) == 2 and sorted(j.concurrency_key or "-" for j in leased) == ["-", "b"]
+    assert len(found) == 2 and sorted(j.concurrency_key or "-" for j in leased) == ["-", "b"]
     assert leased.filter(id=unkeyed.id).exists()
 
 

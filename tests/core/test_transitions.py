@@ -5,7 +5,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from queue_app.core import transitions
+from queue_app.core import aborting, transitions
 from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound
 from queue_app.models import DeadLetter, Event, EventType, Job, State
 from tests.factories import JobFactory
@@ -218,13 +218,30 @@ def test_cancel_pending_job_releases_its_idempotency_key(enqueue_job):
     assert enqueue_job("echo", {}, idempotency_key="k1").id != job.id
 
 
-def test_cancel_leased_job_fences_out_its_worker(enqueue_job):
+def test_cancel_of_a_leased_job_is_refused_and_writes_nothing(enqueue_job):
     enqueue_job("echo", {})
     job = claim_one("w1")
-    transitions.cancel(job.id)
+    with pytest.raises(InvalidTransition, match="leased"):
+        transitions.cancel(job.id)
+    job.refresh_from_db()
+    assert (job.state, job.lease_owner) == (State.LEASED, "w1")
+    assert [e.type for e in events(job)] == [EventType.ENQUEUED, EventType.CLAIMED]
+
+
+def test_an_aborted_leased_job_fences_out_its_worker(enqueue_job):
+    enqueue_job("echo", {})
+    job = claim_one("w1")
+    aborting.cancel(job.id)  # leased: its abort is requested
+    assert transitions.abort(job.id, worker_id="w1", attempt=1, how="handler stopped") is True
     assert transitions.complete(job.id, worker_id="w1", attempt=1, result=1) is False
     job.refresh_from_db()
     assert (job.state, job.result) == ("cancelled", None)
+    assert [e.type for e in events(job)] == [
+        EventType.ENQUEUED,
+        EventType.CLAIMED,
+        EventType.ABORT_REQUESTED,
+        EventType.CANCELLED,
+    ]
 
 
 def test_cancel_of_a_completed_job_is_refused():

@@ -1,0 +1,286 @@
+"""The engine contract: the database operations the state machine needs, one class per
+vendor (sqlite.py, postgresql.py, mysql.py; engines.of() picks one).
+
+transitions.py decides what every row says (the job's columns, each event's type, states,
+attempt and metadata) and calls these methods; they decide how to say it in one vendor's
+SQL. Every method that writes a job also writes its events and is atomic with them: on
+its own, or inside the caller's transaction when there is one. A method that writes for
+a worker (complete_plain) is fenced by owner and attempt (Fence, below). Each claim and
+count is bounded by an index, not by the size of the backlog (leasing.py says how).
+
+Event rows travel as lists in rows.EVENT_COLUMNS order (rows.event_params); where the
+engine learns a value only from the statement (a new job's id, the attempt a claim
+started), the caller leaves it None and the engine fills it in.
+"""
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from functools import reduce
+from operator import or_
+
+from django.db import transaction
+from django.db.models import Q
+
+from queue_app.conf import settings
+from queue_app.engines import rows
+from queue_app.engines.leasing import ATTEMPTS, ID
+from queue_app.models import KindLimit, Pause, State
+
+# Positions in an event row (rows.EVENT_GIVEN) an engine fills from the statement.
+EVENT_JOB, EVENT_ATTEMPT, EVENT_METADATA = 0, 3, 8
+
+
+class Fence:
+    """The fencing token of every worker-owned write (complete, complete_many, fail,
+    release, abort, renew): the job is still ``leased``, to ``owner``, at the attempt the
+    worker started. A worker whose lease lapsed and was recovered, cancelled or
+    re-claimed (even by itself, under a new attempt) matches nothing and changes nothing;
+    its caller learns from the count that the lease was lost.
+
+    ``pairs`` is [(job_id, attempt)]. An attempt of None matches any attempt: the
+    heartbeat (renew) is handed job ids only, and extending a lease this owner holds
+    under a newer attempt harms nothing. The rule is written once, below, and rendered
+    for the ORM (q) and for an engine's SQL (sql, joined)."""
+
+    @staticmethod
+    def leased_to(prefix=""):
+        """SQL: the row is leased to the owner (its one parameter); ``prefix`` qualifies the columns."""
+        return f"{prefix}state = 'leased' AND {prefix}lease_owner = %s"
+
+    def __init__(self, owner, pairs):
+        self.owner = owner
+        self.by_attempt = {}
+        for job_id, attempt in pairs:
+            self.by_attempt.setdefault(attempt, []).append(job_id)
+
+    def q(self):
+        """The fence as a Q, for a queryset over Job."""
+        if not self.by_attempt:
+            return Q(pk__in=[])
+        which = reduce(
+            or_,
+            (
+                (Q(id=ids[0]) if len(ids) == 1 else Q(id__in=ids))
+                & (Q() if attempt is None else Q(attempts=attempt))
+                for attempt, ids in self.by_attempt.items()
+            ),
+        )
+        return Q(state=State.LEASED, lease_owner=self.owner) & which
+
+    def sql(self, also=""):
+        """(SQL, params): the fence over the job table's bare columns, one id list per
+        attempt; ``also`` (SQL without parameters) is a further condition, written before
+        the id lists as the tuned statements have always had it."""
+        parts, params = [], [self.owner]
+        for attempt, ids in self.by_attempt.items():
+            marks = ", ".join(["%s"] * len(ids))
+            if attempt is None:
+                parts.append(f"(id IN ({marks}))")
+                params += ids
+            else:
+                parts.append(f"(attempts = %s AND id IN ({marks}))")
+                params += [attempt, *ids]
+        also = f"{also} AND " if also else ""
+        return f"{self.leased_to()} AND {also}({' OR '.join(parts)})", params
+
+    @classmethod
+    def joined(cls, table, pairs_alias):
+        """SQL: the fence over ``table`` joined to a relation ``pairs_alias``(id, attempt)
+        of the pairs (a VALUES list); its one parameter is the owner."""
+        t, v = table, pairs_alias
+        return f"{t}.id = {v}.id AND {t}.attempts = {v}.attempt AND {cls.leased_to(f'{t}.')}"
+
+
+@dataclass(frozen=True)
+class WakeUp:
+    """How an idle worker learns that work may have arrived (worker/wakeup.py waits)."""
+
+    # LISTEN on this channel (enqueue NOTIFYs it on commit).
+    channel: str | None = None
+    # Or look at wake_version() this often, in seconds.
+    interval: float | None = None
+
+
+class Engine:
+    """One database's SQL for the state machine. Built once per connection (engines.of)."""
+
+    vendor = None
+
+    def __init__(self, connection):
+        self.connection = connection
+
+    def atomic(self):
+        """One transaction for a write and its events (none of its own inside the caller's)."""
+        return transaction.atomic(using=self.connection.alias, savepoint=False)
+
+    # --- enqueue ---------------------------------------------------------------------
+
+    def insert_chunk(self):
+        """How many new jobs one INSERT carries."""
+        return settings.BULK_BATCH_SIZE
+
+    def insert_jobs(self, givens, payload_texts, events, now, *, savepoint=True):
+        """Insert new jobs and one enqueued event each, atomic together (as one statement,
+        or in ``transaction.atomic(savepoint=savepoint)``); return the Job instances in order.
+
+        ``givens`` are the new rows, {attname: value} of one shape (rows.JobWriter fills
+        the other columns' defaults); ``payload_texts`` each one's payload as JSON text;
+        ``events`` each one's event row without its job_id (rows.event_params(...)[1:];
+        jobs may share one list: its values are adapted once). On PostgreSQL a single
+        ready job also NOTIFYs its queue in the same statement."""
+        connection = self.connection
+        writer = rows.JobWriter.on(connection)
+        cache = {}
+        out = []
+        size = self.insert_chunk()
+        with self._insert_atomic(len(givens), savepoint):
+            for start in range(0, len(givens), size):
+                chunk = givens[start : start + size]
+                values, ids = self._insert_chunk(
+                    writer,
+                    chunk,
+                    payload_texts[start : start + size],
+                    events[start : start + size],
+                    now,
+                    cache,
+                )
+                if len(ids) != len(chunk):
+                    raise RuntimeError("the database did not return ids for a bulk insert")
+                out += writer.jobs(ids, values)
+        return out
+
+    def _insert_atomic(self, count, savepoint):
+        """The transaction around an insert of ``count`` jobs with their events."""
+        return transaction.atomic(using=self.connection.alias, savepoint=savepoint)
+
+    def _insert_chunk(self, writer, chunk, texts, events, now, cache):
+        """Insert one chunk (INSERT ... RETURNING id, then its events); return (values, ids)."""
+        values, adapted = writer.rows(chunk, {"payload": texts}, cache)
+        sql, params = rows.values_clause(self.connection, adapted)
+        with self.connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {rows.JOB_TABLE} ({writer.columns}) VALUES {sql} RETURNING id", params
+            )
+            ids = [row[0] for row in cursor.fetchall()]
+        if len(ids) == len(chunk):
+            rows.insert_events(
+                self.connection, [[job_id, *tail] for job_id, tail in zip(ids, events)], copy=len(ids) > 1
+            )
+        return values, ids
+
+    def notify(self, queues):
+        """Wake idle workers of ``queues`` when the caller's transaction commits (PostgreSQL)."""
+
+    # --- worker-owned writes -------------------------------------------------------------
+
+    def claim(
+        self,
+        *,
+        owner,
+        limit,
+        now,
+        expires,
+        event,
+        queues=None,
+        kinds=None,
+        aging_us=0,
+        exclude_queues=None,
+        exclude_kinds=None,
+        exclude_keys=None,
+    ):
+        """Lease up to ``limit`` ready jobs to ``owner`` in lease order (leasing.py) and
+        write ``event`` (its job id and attempt left None) for each, atomic together;
+        return the leased rows (rows.JOB_COLUMNS, values as after the claim).
+
+        ``exclude_keys`` leaves out jobs with those concurrency keys (jobs without a key
+        are never left out by it)."""
+        raise NotImplementedError
+
+    def complete_plain(self, done, owner, at_db, event):
+        """Complete those of ``done`` [(job_id, attempt, result, metadata)] that ``owner``
+        still holds (the Fence) and that have no follow-up to enqueue (no on_success, no
+        webhook_url), with one ``event`` each (job id and attempt left None, metadata
+        from ``done`` or the event's own); atomic together. Return the ids completed."""
+        raise NotImplementedError
+
+    # --- flow control ------------------------------------------------------------------------
+
+    def claim_gates(self):
+        """Return [(scope, name)]: the pauses, and ('limit', kind) for each limited kind."""
+        with self.connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT scope, name FROM {Pause._meta.db_table}"
+                f" UNION ALL SELECT 'limit', kind FROM {KindLimit._meta.db_table}"
+                " WHERE concurrency IS NOT NULL OR rate_limit IS NOT NULL OR per_key IS NOT NULL"
+            )
+            return cursor.fetchall()
+
+    # After FROM in the per-key count: a vendor's index hint.
+    PER_KEY_HINT = ""
+
+    def leased_per_key(self, kind):
+        """Return {concurrency_key: leased jobs} for ``kind``'s leased jobs that have a key."""
+        # Keys are exact strings on every vendor (MariaDB's column collates as bytes: 0010).
+        with self.connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT concurrency_key, COUNT(*) FROM {rows.JOB_TABLE}{self.PER_KEY_HINT}"
+                " WHERE state = %s AND kind = %s AND concurrency_key IS NOT NULL GROUP BY concurrency_key",
+                [State.LEASED.value, kind],
+            )
+            return Counter(dict(cursor.fetchall()))
+
+    # --- waiting for work ----------------------------------------------------------------
+
+    def wake_up(self):
+        """Return how an idle worker here learns of new work (a WakeUp), or None: poll."""
+        return None
+
+    def listen(self, channel):
+        """Return a connection LISTENing on ``channel`` (its notifies() yields each NOTIFY)."""
+        raise NotImplementedError(f"{self.vendor} has no LISTEN")
+
+    def wake_version(self):
+        """Return a value that moves when another connection may have added work."""
+        raise NotImplementedError(f"{self.vendor} has no wake-up version")
+
+    # --- shared by the vendors without one-statement writes ----------------------------
+
+    def _claimed_events(self, found, event):
+        """``event`` per claimed row of ``found``, with its job id and the attempt it started."""
+        return [
+            [row[ID], *event[EVENT_JOB + 1 : EVENT_ATTEMPT], row[ATTEMPTS], *event[EVENT_ATTEMPT + 1 :]]
+            for row in found
+        ]
+
+    def _completed_events(self, done, held, event):
+        """``event`` per job of ``done`` in ``held``, with its id, attempt and metadata."""
+        connection = self.connection
+        return [
+            [
+                job_id,
+                *event[EVENT_JOB + 1 : EVENT_ATTEMPT],
+                attempt,
+                *event[EVENT_ATTEMPT + 1 : EVENT_METADATA],
+                event[EVENT_METADATA] if meta is None else rows.json_value(connection, meta),
+                *event[EVENT_METADATA + 1 :],
+            ]
+            for job_id, attempt, _, meta in done
+            if job_id in held
+        ]
+
+
+def by_result(done):
+    """Group ``done`` [(job_id, attempt, result, meta)] by result: {json: (result, [(id, attempt)])}."""
+    results = {}
+    for job_id, attempt, result, _ in done:
+        results.setdefault(json.dumps(result, sort_keys=True), (result, []))[1].append((job_id, attempt))
+    return results
+
+
+# What a completion writes to each row (the result is a parameter).
+COMPLETED_SET = (
+    "state = 'completed', finished_at = %s, result = %s, lease_owner = NULL, lease_expires_at = NULL"
+)
+# A job a completion can settle in one statement: nothing to enqueue after it.
+NO_FOLLOW_UP = "on_success IS NULL AND webhook_url IS NULL"

@@ -1,0 +1,193 @@
+"""MariaDB's engine (Django's "mysql" backend): short READ COMMITTED transactions (the
+project's setting), row locks with FOR UPDATE [SKIP LOCKED], and no UPDATE ... RETURNING,
+so a write locks what it may change, changes it by primary key, and knows the rows from
+the lock; idle workers watch the newest event id."""
+
+from datetime import timedelta
+
+from django.utils import timezone
+
+from queue_app.conf import settings
+from queue_app.engines import leasing, rows
+from queue_app.engines.base import COMPLETED_SET, NO_FOLLOW_UP, Engine, Fence, WakeUp, by_result
+from queue_app.engines.leasing import (
+    ATTEMPTS,
+    CREATED,
+    EXPIRES,
+    ID,
+    OWNER,
+    PRIORITY,
+    RUN_AT,
+    SET,
+    STARTED,
+    STATE,
+    TABLE,
+    excluding,
+    marks,
+)
+from queue_app.models import State
+
+_US = timedelta(microseconds=1)
+
+
+class MariadbEngine(Engine):
+    vendor = "mysql"
+
+    def claim(
+        self,
+        *,
+        owner,
+        limit,
+        now,
+        expires,
+        event,
+        queues=None,
+        kinds=None,
+        aging_us=0,
+        exclude_queues=None,
+        exclude_kinds=None,
+        exclude_keys=None,
+    ):
+        # A short READ COMMITTED transaction: the levels one MAX() seek at a time, one
+        # UNION of per-level seeks, the candidates ordered in Python (ordering.py's key),
+        # then SELECT ... FOR UPDATE SKIP LOCKED on only the best ``limit`` ids (topped up
+        # from the next ones when some were taken) and an UPDATE by primary key.
+        with self.atomic():
+            found = self._claim(
+                owner,
+                limit,
+                now,
+                expires,
+                queues,
+                kinds,
+                aging_us,
+                exclude_queues,
+                exclude_kinds,
+                exclude_keys,
+            )
+            if found:
+                rows.insert_events(self.connection, self._claimed_events(found, event))
+        return found
+
+    def _claim(
+        self, owner, limit, now, expires, queues, kinds, aging_us, exclude_queues, exclude_kinds, exclude_keys
+    ):
+        connection = self.connection
+        excl = leasing.excluded(exclude_queues, exclude_kinds, exclude_keys)
+        scan = leasing.scan(limit)
+        now_db = connection.ops.adapt_datetimefield_value(now)
+        with connection.cursor() as cursor:
+            # MariaDB plans DISTINCT here as a scan of every pending row, and a recursive CTE
+            # re-runs its subquery unoptimised; a MAX() bounded on the index prefix is a single
+            # seek ("Select tables optimized away"), so walk the levels down one seek at a time.
+            levels = []
+            while True:
+                if levels:
+                    cursor.execute(
+                        f"SELECT MAX(priority) FROM {TABLE} WHERE state = 'pending' AND priority < %s",
+                        [levels[-1]],
+                    )
+                else:
+                    cursor.execute(f"SELECT MAX(priority) FROM {TABLE} WHERE state = 'pending'")
+                level = cursor.fetchone()[0]
+                if level is None:
+                    break
+                levels.append(level)
+            if not levels:
+                return []
+            parts, params = [], []
+            for level in levels:
+                for queue in queues or [None]:
+                    cond = "state = 'pending' AND priority = %s AND run_at <= %s"
+                    p = [level, now_db]
+                    if queue is not None:
+                        cond += " AND queue_name = %s"
+                        p.append(queue)
+                    if kinds:
+                        cond += f" AND kind IN ({', '.join(['%s'] * len(kinds))})"
+                        p.extend(kinds)
+                    for column, names in zip(leasing.EXCLUDED, excl):
+                        if names:
+                            cond += f" AND {excluding(column, f'{column} NOT IN ({marks(names)})')}"
+                            p.extend(names)
+                    parts.append(
+                        f"(SELECT id, priority, run_at, created_at FROM {TABLE} WHERE {cond}"
+                        " ORDER BY run_at, created_at, id LIMIT %s)"
+                    )
+                    params.extend(p + [scan])
+            cursor.execute(" UNION ALL ".join(parts), params)
+            naive_now = timezone.make_naive(now, connection.timezone)
+
+            def key(row):
+                job_id, priority, run_at, created_at = row
+                eff = priority + ((naive_now - run_at) // _US) // aging_us if aging_us else priority
+                return (-eff, run_at, created_at, job_id)
+
+            # Order the candidates here, then lock only the best ``limit`` of them. With ORDER
+            # BY ... LIMIT in the locking SELECT, InnoDB locks every candidate it reads before
+            # the sort, and a concurrent claimer finds them all taken.
+            ranked = [row[0] for row in sorted(cursor.fetchall(), key=key)]
+            found = []
+            while ranked and len(found) < limit:
+                want, ranked = ranked[: limit - len(found)], ranked[limit - len(found) :]
+                cursor.execute(
+                    f"SELECT {rows.JOB_COLUMNS_BARE} FROM {TABLE} WHERE id IN ({', '.join(['%s'] * len(want))})"
+                    f" AND state = 'pending' AND run_at <= %s FOR UPDATE SKIP LOCKED",
+                    want + [now_db],
+                )
+                found.extend(list(row) for row in cursor.fetchall())
+            found.sort(key=lambda r: key((r[ID], r[PRIORITY], r[RUN_AT], r[CREATED])))
+            if found:
+                cursor.execute(
+                    f"UPDATE {TABLE} SET {SET} WHERE id IN ({', '.join(['%s'] * len(found))})",
+                    [owner, connection.ops.adapt_datetimefield_value(expires), now_db]
+                    + [row[ID] for row in found],
+                )
+            # No UPDATE ... RETURNING on MariaDB: the rows as read (under the lock), with what
+            # SET wrote, in the driver's form (naive UTC datetimes).
+            naive_expires = timezone.make_naive(expires, connection.timezone)
+            for row in found:
+                row[STATE] = State.LEASED.value
+                row[OWNER] = owner
+                row[EXPIRES] = naive_expires
+                row[ATTEMPTS] += 1
+                if row[STARTED] is None:
+                    row[STARTED] = naive_now
+            return found
+
+    def complete_plain(self, done, owner, at_db, event):
+        connection = self.connection
+        with self.atomic(), connection.cursor() as cursor:
+            # No UPDATE ... RETURNING on MariaDB: lock what we hold, then write by id.
+            fence, fence_params = Fence(owner, [(d[0], d[1]) for d in done]).sql(also=NO_FOLLOW_UP)
+            cursor.execute(f"SELECT id FROM {rows.JOB_TABLE} WHERE {fence} FOR UPDATE", fence_params)
+            held = {row[0] for row in cursor.fetchall()}
+            # One UPDATE per distinct result: no-op jobs (all None) settle in a single statement.
+            for result, pairs in by_result(done).values():
+                ids = [job_id for job_id, _ in pairs if job_id in held]
+                if ids:
+                    cursor.execute(
+                        f"UPDATE {rows.JOB_TABLE} SET {COMPLETED_SET} WHERE id IN ({', '.join(['%s'] * len(ids))})",
+                        [at_db, rows.json_value(connection, result)] + ids,
+                    )
+            if held:
+                rows.insert_events(connection, self._completed_events(done, held, event))
+        return held
+
+    def wake_up(self):
+        # MariaDB has neither NOTIFY nor a data version, so an idle child reads the newest
+        # event id every MARIADB_WAKE_INTERVAL (wake_version).
+        interval = settings.MARIADB_WAKE_INTERVAL
+        return WakeUp(interval=float(interval)) if interval else None
+
+    def wake_version(self):
+        # Every edge that makes a job ready (enqueue, requeue, retry now, lease recovery)
+        # appends an event in the same transaction, so the id moves on commit, and MAX() of
+        # the primary key is a single index read ("Select tables optimized away"). Ids are
+        # handed out at insert, not at commit, so an enqueue that commits after a later
+        # insert moved MAX() already, or between the empty claim and the first look, is
+        # found by the ordinary poll instead: the poll interval stays the worst case. So is
+        # a job whose retry or schedule comes due later.
+        with self.connection.cursor() as cursor:
+            cursor.execute(f"SELECT MAX(id) FROM {rows.EVENT_TABLE}")
+            return cursor.fetchone()[0]

@@ -1,0 +1,222 @@
+"""PostgreSQL's engine: every hot write is one statement with its events (data-modifying
+CTEs), so it is atomic on its own and costs one round trip, with no BEGIN/COMMIT around
+it; bulk inserts go by COPY; idle workers LISTEN for the NOTIFY an enqueue sends."""
+
+from contextlib import nullcontext
+from itertools import chain
+
+from queue_app.conf import settings
+from queue_app.engines import leasing, rows
+from queue_app.engines.base import (
+    COMPLETED_SET,
+    EVENT_ATTEMPT,
+    EVENT_JOB,
+    EVENT_METADATA,
+    NO_FOLLOW_UP,
+    Engine,
+    Fence,
+    WakeUp,
+)
+from queue_app.engines.leasing import SET, TABLE, excluding
+
+
+class PostgresEngine(Engine):
+    vendor = "postgresql"
+
+    # --- enqueue ---------------------------------------------------------------------
+
+    def insert_chunk(self):
+        # COPY has no statement size to keep small: fewer, larger chunks, fewer waits for
+        # the server to finish one before the next is sent.
+        return max(settings.BULK_BATCH_SIZE, 10_000)
+
+    def _insert_atomic(self, count, savepoint):
+        # A single job is one statement with its event: atomic on its own, no BEGIN/COMMIT.
+        return nullcontext() if count == 1 else super()._insert_atomic(count, savepoint)
+
+    def _insert_chunk(self, writer, chunk, texts, events, now, cache):
+        connection = self.connection
+        if len(chunk) > 1:
+            values, adapted = writer.rows(chunk, {"payload": texts}, cache, raw_json=True)
+            ids = rows.reserve_ids(connection, rows.JOB_TABLE, len(chunk))
+            rows.copy_insert(
+                connection,
+                rows.JOB_TABLE,
+                "id, " + writer.columns,
+                ([job_id, *row] for job_id, row in zip(ids, adapted)),
+            )
+            if len(ids) == len(chunk):
+                rows.insert_events(
+                    connection, [[job_id, *tail] for job_id, tail in zip(ids, events)], copy=True
+                )
+            return values, ids
+        # A single job: one statement with its event and NOTIFY, atomic on its own.
+        values, adapted = writer.rows(chunk, {"payload": texts}, cache)
+        insert = (
+            f"INSERT INTO {rows.JOB_TABLE} ({writer.columns})"
+            f" VALUES {rows.placeholders(writer.width, 1, connection)}"
+            " RETURNING id"
+        )
+        select, event_params = rows.event_select([None, *events[0]], {EVENT_JOB: "id"})
+        notify, notify_params = "", []
+        channel = settings.NOTIFY_CHANNEL
+        if channel and chunk[0]["run_at"] <= now:
+            notify, notify_params = ", pg_notify(%s, %s)", [channel, chunk[0]["queue_name"]]
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"WITH j AS ({insert}), e AS (INSERT INTO {rows.EVENT_TABLE} ({rows.EVENT_COLUMNS})"
+                f" SELECT {select} FROM j) SELECT id{notify} FROM j",
+                list(chain.from_iterable(adapted)) + event_params + notify_params,
+            )
+            return values, [cursor.fetchone()[0]]
+
+    def notify(self, queues):
+        # NOTIFY inside the enqueuing transaction is delivered by PostgreSQL only when that
+        # transaction (or the caller's outer one) commits, and dropped on rollback: the same
+        # guarantee as transaction.on_commit without a second round trip after the commit.
+        channel = settings.NOTIFY_CHANNEL
+        if channel and queues:
+            with self.connection.cursor() as cursor:
+                for queue in queues:
+                    cursor.execute("SELECT pg_notify(%s, %s)", [channel, queue])
+
+    # --- worker-owned writes -------------------------------------------------------------
+
+    def claim(
+        self,
+        *,
+        owner,
+        limit,
+        now,
+        expires,
+        event,
+        queues=None,
+        kinds=None,
+        aging_us=0,
+        exclude_queues=None,
+        exclude_kinds=None,
+        exclude_keys=None,
+    ):
+        # One statement. The candidate and lock steps are MATERIALIZED CTEs so the planner
+        # cannot fold them into the UPDATE and re-run the LIMIT per row (the reason Oban's
+        # engine writes it this way). FOR UPDATE SKIP LOCKED sits after the sort, so each
+        # claimer takes the best rows nobody else holds. The claimed events go in with the
+        # claim (a data-modifying CTE over the leased rows): one round trip in all.
+        excl = leasing.excluded(exclude_queues, exclude_kinds, exclude_keys)
+        params = []
+        queue_join = ""
+        queue_cond = ""
+        if queues:
+            queue_join = "CROSS JOIN unnest(%s::text[]) AS q(name)"
+            params.append(list(queues))
+            queue_cond = "AND j.queue_name = q.name"
+        kind_cond = ""
+        lateral_params = [now]
+        if kinds:
+            kind_cond = "AND j.kind = ANY(%s::text[])"
+            lateral_params.append(list(kinds))
+        for column, names in zip(leasing.EXCLUDED, excl):
+            if names:
+                kind_cond += f" AND {excluding(f'j.{column}', f'NOT (j.{column} = ANY(%s::text[]))')}"
+                lateral_params.append(names)
+        lateral_params.append(leasing.scan(limit))
+        if aging_us:
+            eff = "j.priority + ((extract(epoch FROM (%s::timestamptz - j.run_at)) * 1000000)::bigint / %s::bigint)"
+            eff_params = [now, aging_us]
+        else:
+            eff, eff_params = "j.priority", []
+        select, event_params = rows.event_select(event, {EVENT_JOB: "id", EVENT_ATTEMPT: "attempts"})
+        sql = f"""
+    WITH RECURSIVE levels(p) AS (
+        (SELECT priority FROM {TABLE} WHERE state = 'pending' ORDER BY priority DESC LIMIT 1)
+        UNION ALL
+        SELECT (SELECT j.priority FROM {TABLE} j
+                WHERE j.state = 'pending' AND j.priority < l.p
+                ORDER BY j.priority DESC LIMIT 1)
+        FROM levels l WHERE l.p IS NOT NULL
+    ),
+    candidates AS MATERIALIZED (
+        SELECT c.id FROM levels l {queue_join}
+        CROSS JOIN LATERAL (
+            SELECT j.id FROM {TABLE} j
+            WHERE j.state = 'pending' AND j.priority = l.p AND j.run_at <= %s
+                  {queue_cond} {kind_cond}
+            ORDER BY j.run_at, j.created_at, j.id
+            LIMIT %s
+        ) c
+        WHERE l.p IS NOT NULL
+    ),
+    picked AS MATERIALIZED (
+        SELECT j.id FROM {TABLE} j
+        -- = ANY(ARRAY(...)) keeps this a primary-key probe per candidate; with IN (SELECT ...)
+        -- the planner may hash-join the candidates against every pending row.
+        -- run_at again: under FOR UPDATE, PostgreSQL re-checks only this WHERE against the
+        -- newest row version, and a candidate may have been retried into the future since.
+        WHERE j.id = ANY(ARRAY(SELECT id FROM candidates)) AND j.state = 'pending' AND j.run_at <= %s
+        ORDER BY {eff} DESC, j.run_at, j.created_at, j.id
+        LIMIT %s
+        FOR UPDATE SKIP LOCKED
+    ),
+    leased AS (
+        UPDATE {TABLE} SET {SET}
+        FROM picked WHERE {TABLE}.id = picked.id
+        RETURNING {rows.JOB_COLUMNS}
+    ),
+    logged AS (INSERT INTO {rows.EVENT_TABLE} ({rows.EVENT_COLUMNS}) SELECT {select} FROM leased)
+    SELECT * FROM leased
+    """
+        params = params + lateral_params + [now] + eff_params + [limit, owner, expires, now] + event_params
+        with self.connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchall()
+
+    def complete_plain(self, done, owner, at_db, event):
+        # One statement: the pairs as a VALUES list joined to the fence, the UPDATE and
+        # the INSERT of their events as CTEs.
+        connection = self.connection
+        values = []
+        for job_id, attempt, result, meta in done:
+            values += [
+                job_id,
+                attempt,
+                rows.json_value(connection, result),
+                rows.json_value(connection, meta),
+            ]
+        select, event_params = rows.event_select(
+            event, {EVENT_JOB: "id", EVENT_ATTEMPT: "attempts", EVENT_METADATA: "COALESCE(meta::jsonb, %s)"}
+        )
+        t = rows.JOB_TABLE
+        no_follow_up = NO_FOLLOW_UP.replace("on_success", f"{t}.on_success").replace(
+            "webhook_url", f"{t}.webhook_url"
+        )
+        sql = f"""
+        WITH v(id, attempt, result, meta) AS (VALUES {rows.placeholders(4, len(done))}),
+        done AS (
+            UPDATE {t} SET {COMPLETED_SET.replace("result = %s", "result = v.result::jsonb")}
+            FROM v WHERE {Fence.joined(t, "v")} AND {no_follow_up}
+            RETURNING {t}.id, {t}.attempts, v.meta
+        ),
+        logged AS (INSERT INTO {rows.EVENT_TABLE} ({rows.EVENT_COLUMNS}) SELECT {select} FROM done)
+        SELECT id FROM done
+        """
+        with connection.cursor() as cursor:
+            cursor.execute(sql, values + [at_db, owner] + event_params)
+            return {row[0] for row in cursor.fetchall()}
+
+    # --- waiting for work ----------------------------------------------------------------
+
+    def wake_up(self):
+        # Enqueue NOTIFYs the channel in its transaction, so the wake-up arrives on commit.
+        channel = settings.NOTIFY_CHANNEL
+        return WakeUp(channel=channel) if channel else None
+
+    def listen(self, channel):
+        import psycopg  # only PostgreSQL installs have it
+
+        params = self.connection.get_connection_params()
+        params.pop("cursor_factory", None)
+        # Its own autocommit connection: PostgreSQL delivers notifications to a session
+        # only between its transactions, and the worker's connection is often in one.
+        conn = psycopg.Connection.connect(**params, autocommit=True)
+        conn.execute(f'LISTEN "{channel}"')
+        return conn

@@ -1,0 +1,350 @@
+"""The engine contract (engines/base.py), proved against whichever engine the suite runs
+on: the suite runs once per database, so every case here runs on SQLite, PostgreSQL and
+MariaDB alike (Oban's engine_test.exs, one case list for every engine)."""
+
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import connection, connections
+from django.utils import timezone
+
+from queue_app import engines, enqueue
+from queue_app.conf import settings as queue_settings
+from queue_app.core import aborting, flow, transitions
+from queue_app.engines import rows
+from queue_app.engines.base import Fence
+from queue_app.models import Event, EventType, Job, State
+from queue_app.worker import wakeup
+from tests.factories import JobFactory
+from tests.support import event_types, events
+
+
+def engine():
+    return engines.of(connection)
+
+
+def adapted(when):
+    return connection.ops.adapt_datetimefield_value(when)
+
+
+def given(now, **fields):
+    """A new job's row as transitions writes it (the writer fills the other columns).
+    Rows of one insert have the same keys."""
+    return {
+        "kind": "echo",
+        "payload": {},
+        "queue_name": "default",
+        "priority": 0,
+        "run_at": now,
+        "state": State.PENDING.value,
+        "attempts": 0,
+        "max_attempts": 3,
+        "created_at": now,
+        "concurrency_key": None,
+        **fields,
+    }
+
+
+def enqueued_event(now, at=True):
+    """An enqueued event row without its job id, as engines take it (``at``: its time, adapted)."""
+    at = adapted(now) if at is True else at
+    return rows.event_params(connection, None, EventType.ENQUEUED, at, 0, "", "", State.PENDING, "", {})[1:]
+
+
+def insert(now, specs):
+    return engine().insert_jobs(
+        [given(now, **spec) for spec in specs], ["{}"] * len(specs), [enqueued_event(now)] * len(specs), now
+    )
+
+
+def claimed_event(now, worker="w1"):
+    return rows.event_params(
+        connection, None, EventType.CLAIMED, adapted(now), None, worker, State.PENDING, State.LEASED, "", {}
+    )
+
+
+def claim(now, worker="w1", limit=10, **options):
+    return engine().claim(
+        owner=worker,
+        limit=limit,
+        now=now,
+        expires=now + timedelta(seconds=30),
+        event=claimed_event(now, worker),
+        **options,
+    )
+
+
+def completed_event(now, worker="w1"):
+    return rows.event_params(
+        connection,
+        None,
+        EventType.COMPLETED,
+        adapted(now),
+        None,
+        worker,
+        State.LEASED,
+        State.COMPLETED,
+        "",
+        {},
+    )
+
+
+def leased_job(worker="w1"):
+    enqueue("echo", {})
+    (job,) = transitions.claim(worker)
+    return job
+
+
+# --- insert -----------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("count", [1, 3])
+def test_insert_writes_each_job_pending_with_one_enqueued_event(count):
+    now = timezone.now()
+    jobs = insert(now, [{"priority": n} for n in range(count)])
+    assert [job.priority for job in jobs] == list(range(count))
+    for job in jobs:
+        row = Job.objects.get(id=job.id)
+        assert (row.state, row.kind, row.attempts, row.run_at) == (State.PENDING, "echo", 0, now)
+        (event,) = events(row)
+        assert (event.type, event.to_state, event.attempt) == (EventType.ENQUEUED, State.PENDING, 0)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("count", [1, 3])
+def test_insert_whose_events_cannot_be_written_writes_no_job(count):
+    now = timezone.now()
+    broken = [enqueued_event(now, at=None)] * count  # an event's time is NOT NULL
+    # Any driver error: PostgreSQL's COPY raises psycopg's own, not Django's IntegrityError.
+    with pytest.raises(Exception, match=r"(?i)null"):
+        engine().insert_jobs([given(now) for _ in range(count)], ["{}"] * count, broken, now)
+    assert Job.objects.count() == 0
+    assert Event.objects.count() == 0
+
+
+# --- claim ---------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_claim_leases_the_best_jobs_in_order_and_writes_one_claimed_event_each():
+    now = timezone.now()
+    low, high, mid, later = insert(
+        now,
+        [
+            {"priority": 0},
+            {"priority": 20},
+            {"priority": 10},
+            {"priority": 50, "run_at": now + timedelta(hours=1)},
+        ],
+    )
+    found = claim(now, limit=2)
+    leased = rows.JobReader.on(connection).jobs(found)
+    assert {job.id for job in leased} == {high.id, mid.id}
+    for job in leased:
+        assert (job.state, job.lease_owner, job.attempts) == (State.LEASED, "w1", 1)
+        assert Job.objects.get(id=job.id).state == State.LEASED
+        claimed = events(job)[-1]
+        assert (claimed.type, claimed.attempt, claimed.worker) == (EventType.CLAIMED, 1, "w1")
+        assert (claimed.from_state, claimed.to_state) == (State.PENDING, State.LEASED)
+    for job in (low, later):
+        assert Job.objects.get(id=job.id).state == State.PENDING
+        assert event_types(job) == [EventType.ENQUEUED]
+
+
+@pytest.mark.django_db
+def test_claim_of_nothing_ready_leases_nothing_and_writes_no_event():
+    now = timezone.now()
+    insert(now, [{"run_at": now + timedelta(hours=1)}])
+    assert list(claim(now)) == []
+    assert not Event.objects.filter(type=EventType.CLAIMED).exists()
+
+
+@pytest.mark.django_db
+def test_claim_leaves_out_excluded_queues_kinds_and_keys_but_never_jobs_without_a_key():
+    now = timezone.now()
+    kept = insert(now, [{"concurrency_key": "b"}, {}])
+    insert(now, [{"queue_name": "paused"}, {"kind": "add"}, {"concurrency_key": "a"}])
+    found = claim(now, exclude_queues=["paused"], exclude_kinds=["add"], exclude_keys=["a"])
+    assert {row[0] for row in found} == {job.id for job in kept}
+    assert Event.objects.filter(type=EventType.CLAIMED).count() == 2
+
+
+# --- the fence -----------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_complete_plain_of_held_jobs_writes_exactly_one_completed_event_each():
+    now = timezone.now()
+    first, second = leased_job(), leased_job()
+    done = [(first.id, 1, {"n": 1}, None), (second.id, 1, None, {"output": "hi"})]
+    assert engine().complete_plain(done, "w1", adapted(now), completed_event(now)) == {first.id, second.id}
+    for job, result, meta in ((first, {"n": 1}, {}), (second, None, {"output": "hi"})):
+        row = Job.objects.get(id=job.id)
+        assert (row.state, row.result, row.lease_owner, row.finished_at) == (
+            State.COMPLETED,
+            result,
+            None,
+            now,
+        )
+        completed = [e for e in events(job) if e.type == EventType.COMPLETED]
+        assert [(e.attempt, e.worker, e.metadata) for e in completed] == [(1, "w1", meta)]
+
+
+@pytest.mark.django_db
+def test_complete_plain_leaves_a_job_with_a_follow_up_to_the_long_way():
+    now = timezone.now()
+    enqueue("echo", {}, on_success={"kind": "echo"})
+    (job,) = transitions.claim("w1")
+    assert (
+        engine().complete_plain([(job.id, 1, None, None)], "w1", adapted(now), completed_event(now)) == set()
+    )
+    assert Job.objects.get(id=job.id).state == State.LEASED
+    assert event_types(job) == [EventType.ENQUEUED, EventType.CLAIMED]
+
+
+def _stale(how):
+    """A job leased to w1 at attempt 2, and the (owner, attempt) a stale write names."""
+    job = leased_job()
+    Job.objects.filter(id=job.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    transitions.recover()
+    (job,) = transitions.claim("w1")  # re-claimed, by the same worker
+    assert job.attempts == 2
+    return job, {"owner": ("w2", 2), "attempt": ("w1", 1)}[how]
+
+
+STALE_WRITES = {
+    "complete_plain": lambda job, owner, attempt: engine().complete_plain(
+        [(job.id, attempt, None, None)],
+        owner,
+        adapted(timezone.now()),
+        completed_event(timezone.now(), owner),
+    ),
+    "complete": lambda job, owner, attempt: transitions.complete(job.id, worker_id=owner, attempt=attempt),
+    "complete_many": lambda job, owner, attempt: transitions.complete_many(
+        [(job.id, attempt, None)], worker_id=owner
+    ),
+    "fail": lambda job, owner, attempt: transitions.fail(
+        job.id, worker_id=owner, attempt=attempt, error={"message": "x"}
+    ),
+    "release": lambda job, owner, attempt: transitions.release(job.id, worker_id=owner, attempt=attempt),
+    "abort": lambda job, owner, attempt: transitions.abort(
+        job.id, worker_id=owner, attempt=attempt, how="stopped"
+    ),
+}
+# What a write needs first: abort settles only a job whose abort was requested.
+PREPARE = {"abort": lambda job: aborting.cancel(job.id)}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("how", ["owner", "attempt"])
+@pytest.mark.parametrize("write", sorted(STALE_WRITES))
+def test_a_worker_owned_write_with_a_stale_owner_or_attempt_changes_nothing_and_writes_no_event(write, how):
+    job, (owner, attempt) = _stale(how)
+    PREPARE.get(write, lambda job: None)(job)
+    before = event_types(job)
+    assert not STALE_WRITES[write](job, owner, attempt)
+    row = Job.objects.get(id=job.id)
+    assert (row.state, row.lease_owner, row.attempts, row.result) == (State.LEASED, "w1", 2, None)
+    assert event_types(job) == before
+
+
+@pytest.mark.django_db
+def test_renew_extends_only_the_leases_this_owner_holds_and_writes_no_event():
+    mine, theirs = leased_job("w1"), leased_job("w2")
+    assert transitions.renew([mine.id, theirs.id], worker_id="w1", lease_seconds=600) == {mine.id}
+    assert Job.objects.get(id=mine.id).lease_expires_at > timezone.now() + timedelta(seconds=300)
+    assert Job.objects.get(id=theirs.id).lease_expires_at < timezone.now() + timedelta(seconds=300)
+    assert event_types(mine) == event_types(theirs) == [EventType.ENQUEUED, EventType.CLAIMED]
+
+
+@pytest.mark.django_db
+def test_the_fence_as_sql_and_as_a_queryset_match_the_same_rows():
+    held, other = leased_job("w1"), leased_job("w1")
+    pairs = [(held.id, 1), (other.id, 2)]  # the second names a stale attempt
+    sql, params = Fence("w1", pairs).sql()
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT id FROM {rows.JOB_TABLE} WHERE {sql}", params)
+        by_sql = {row[0] for row in cursor.fetchall()}
+    by_orm = set(Job.objects.filter(Fence("w1", pairs).q()).values_list("id", flat=True))
+    assert by_sql == by_orm == {held.id}
+
+
+# --- flow control ---------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_leased_per_key_counts_only_the_kinds_leased_jobs_that_have_a_key():
+    JobFactory.create_batch(2, kind="echo", concurrency_key="a", leased=True)
+    JobFactory(kind="echo", concurrency_key="b", leased=True)
+    JobFactory(kind="echo", leased=True)
+    JobFactory(kind="echo", concurrency_key="c")
+    JobFactory(kind="add", concurrency_key="a", leased=True)
+    assert engine().leased_per_key("echo") == {"a": 2, "b": 1}
+
+
+@pytest.mark.django_db
+def test_claim_gates_list_pauses_and_limited_kinds():
+    flow.pause(queue="mail")
+    flow.pause(kind="add")
+    flow.set_limit("echo", concurrency=2)
+    flow.set_limit("slow", rate_period=30)  # no limit set: not a limited kind
+    assert sorted(engine().claim_gates()) == [("kind", "add"), ("limit", "echo"), ("queue", "mail")]
+
+
+# --- waiting for work --------------------------------------------------------------------
+
+
+EXPECTED_WAKE_UP = {"postgresql": "listen", "sqlite": "version", "mysql": "version"}
+
+
+class _Options:
+    burst = False
+
+
+@pytest.mark.django_db
+def test_an_idle_worker_waits_the_way_its_database_can_tell_it_of_new_work():
+    how = engine().wake_up()
+    waiter = wakeup.Waiter.for_connection(_Options())
+    try:
+        if EXPECTED_WAKE_UP[connection.vendor] == "listen":
+            assert how.channel == queue_settings.NOTIFY_CHANNEL
+            assert isinstance(waiter, wakeup.ListenWaiter)
+        else:
+            assert how.interval > 0 and how.channel is None
+            assert isinstance(waiter, wakeup.VersionWaiter)
+    finally:
+        waiter.close()
+    burst = type("Burst", (), {"burst": True})()
+    assert type(wakeup.Waiter.for_connection(burst)) is wakeup.Waiter
+
+
+def _enqueue_elsewhere():
+    """Enqueue from another connection (a thread has its own) and commit."""
+
+    def run():
+        try:
+            enqueue("echo", {})
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(30)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_wake_up_signal_moves_when_another_connection_enqueues():
+    how = engine().wake_up()
+    if how.channel:
+        listener = engine().listen(how.channel)
+        try:
+            _enqueue_elsewhere()
+            assert [n.payload for n in listener.notifies(timeout=5, stop_after=1)] == ["default"]
+        finally:
+            listener.close()
+    else:
+        seen = engine().wake_version()
+        _enqueue_elsewhere()
+        assert engine().wake_version() != seen
