@@ -160,9 +160,12 @@ DEFAULTS = {
     "WEBHOOK_MAX_ATTEMPTS": 5,
     # Queue of delivery jobs; None delivers on the finished job's own queue.
     "WEBHOOK_QUEUE": None,
-    # `manage.py web`: gunicorn's bind address, worker processes and request timeout.
+    # `manage.py web`: gunicorn's bind address, worker processes (None: one per CPU, at
+    # least 2), threads per process and request timeout. Threaded workers (gthread): a slow
+    # or unfinished request holds one thread, not a whole process.
     "WEB_ADDR": "127.0.0.1:8000",
-    "WEB_WORKERS": 2,
+    "WEB_WORKERS": None,
+    "WEB_THREADS": 8,
     "WEB_TIMEOUT": 60,
 }
 

@@ -118,6 +118,12 @@ def _limit_body(run):
 api.add_decorator(_limit_body, mode="view")
 
 
+def _need_view(request, perm):
+    """Refuse a staff session without ``perm``: the API reads what the dashboard shows it."""
+    if not request.auth.may_read(perm):
+        raise HttpError(403, f"this read needs the {perm} permission (or an API key)")
+
+
 def _need(request, perm):
     if not request.auth.can(perm):
         raise HttpError(403, f"this write needs the {perm} permission (or a read-write API key)")
@@ -189,10 +195,11 @@ class Duplicate(Refused):
     job_id: int
 
 
-# Any operation may refuse its input (400), its caller (401) or an oversized body (413);
-# a write also needs a permission (403).
-REFUSALS = {400: Refused, 401: Refused, 413: Refused}
-WRITE_REFUSALS = {**REFUSALS, 403: Refused}
+# Any operation may refuse its input (400), its caller (401), a caller without the
+# permission (403: a write's, or for a staff session a read's view permission, as on the
+# dashboard) or an oversized body (413).
+REFUSALS = {400: Refused, 401: Refused, 403: Refused, 413: Refused}
+WRITE_REFUSALS = REFUSALS
 
 
 class JobIn(Schema):
@@ -407,6 +414,7 @@ def list_jobs(
     limit: int | None = Query(None, ge=1, le=10_000),
 ):
     """Jobs, newest first, filtered by state or status, kind and queue; paginate with ``before``."""
+    _need_view(request, "queue_app.view_job")
     if state and status:
         raise InvalidJob("give state or status, not both (status also takes every state)", "status")
     filters = reads.Filters(
@@ -419,6 +427,7 @@ def list_jobs(
 @api.get("/jobs/{job_id}", response={200: JobDetail, **REFUSALS, 404: Refused}, tags=["jobs"])
 def get_job(request: HttpRequest, job_id: int = JobId):
     """One job with its whole event timeline."""
+    _need_view(request, "queue_app.view_job")
     found = reads.job_detail(job_id)
     if found is None:
         raise JobNotFound(job_id)
@@ -462,6 +471,7 @@ def requeue_job(request: HttpRequest, job_id: int = JobId, body: RequeueIn | Non
 @api.get("/stats", response={200: Stats, **REFUSALS}, tags=["queue"])
 def stats(request: HttpRequest):
     """Job counts by state, queue and kind; event totals; backlog age; dead letters; workers."""
+    _need_view(request, "queue_app.view_job")
     snap = metrics.snapshot()
 
     def nest(pairs):
@@ -489,6 +499,7 @@ def list_dead_letters(
     limit: int | None = Query(None, ge=1, le=10_000),
 ):
     """Dead letters, newest first: unresolved unless ?resolved=true."""
+    _need_view(request, "queue_app.view_deadletter")
     page = reads.dead_letter_page(resolved=resolved, before=before, size=_limit(limit))
     return {"items": page.rows, "next_before": page.older}
 
@@ -513,6 +524,7 @@ def replay_dead_letter(request: HttpRequest, letter_id: int = Path(..., ge=1, le
 @api.get("/workers", response={200: list[WorkerOut], **REFUSALS}, tags=["queue"])
 def list_workers(request: HttpRequest, limit: int | None = Query(None, ge=1, le=10_000)):
     """Registered workers, newest first, each with its status (lost: silent past a lease)."""
+    _need_view(request, "queue_app.view_worker")
     return reads.worker_rows(limit=_limit(limit), order=("-started_at", "-id"))
 
 
@@ -538,6 +550,7 @@ class PauseOut(Schema):
 @api.get("/pauses", response={200: list[PauseOut], **REFUSALS}, tags=["queue"])
 def list_pauses(request: HttpRequest):
     """Paused queues and kinds: their pending jobs are not leased until resumed."""
+    _need_view(request, "queue_app.view_pause")
     return list(Pause.objects.all())
 
 

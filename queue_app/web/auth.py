@@ -32,6 +32,13 @@ class Principal:
     key: ApiKey | None = None
     user: object = None
 
+    def may_read(self, perm):
+        """True when this caller may read what ``perm`` (a view permission) covers: any
+        live key, open reads, or a user holding it, as the dashboard asks."""
+        if self.user is not None:
+            return self.user.has_perm(perm)
+        return True
+
     def can(self, perm):
         """True when this caller may perform a write guarded by ``perm``."""
         if self.key is not None:

@@ -55,10 +55,45 @@ def test_a_read_only_key_reads_but_cannot_write():
     assert Job.objects.get(id=job.id).state == "pending"
 
 
-def test_staff_without_permission_reads_but_cannot_write():
+READS = [
+    ("/api/jobs", "view_job"),
+    ("/api/jobs/{job}", "view_job"),
+    ("/api/stats", "view_job"),
+    ("/api/dead-letters", "view_deadletter"),
+    ("/api/workers", "view_worker"),
+    ("/api/pauses", "view_pause"),
+]
+
+
+@pytest.mark.parametrize("path, perm", READS)
+def test_a_staff_session_reads_only_what_its_view_permission_covers_as_on_the_dashboard(path, perm):
+    path = path.format(job=JobFactory().id)
+    # Every view permission but the one this read needs: still refused.
+    others = [p for _, p in READS if p != perm]
+
+    refused = staff(*others).get(path)
+    allowed = staff_named("viewer", perm).get(path)
+
+    assert refused.status_code == 403
+    assert perm in refused.json()["error"]
+    assert allowed.status_code == 200
+
+
+def test_a_staff_session_without_permissions_can_neither_read_nor_write():
     client = staff()
-    assert client.get("/api/jobs").status_code == 200
+    assert client.get("/api/jobs").status_code == 403
     assert enqueue_with(client).status_code == 403
+    assert Job.objects.count() == 0
+
+
+def staff_named(name, *perms):
+    user = User.objects.create_user(name, is_staff=True)
+    user.user_permissions.set(
+        Permission.objects.filter(codename__in=perms, content_type__app_label="queue_app")
+    )
+    client = Client()
+    client.force_login(user)
+    return client
 
 
 def test_staff_with_add_job_enqueues_but_needs_change_job_to_cancel():

@@ -25,7 +25,12 @@ def _wsgi_app():
     return f"{module}:{attribute}"
 
 
-def gunicorn_argv(addr, *, workers=None, timeout=None):
+def default_workers():
+    """One process per CPU, at least two (one busy process must not stop the site)."""
+    return max(2, os.cpu_count() or 1)
+
+
+def gunicorn_argv(addr, *, workers=None, threads=None, timeout=None):
     """The gunicorn command line that serves the admin, dashboard and static files."""
     return [
         sys.executable,
@@ -35,7 +40,13 @@ def gunicorn_argv(addr, *, workers=None, timeout=None):
         "--bind",
         parse_addr(addr),
         "--workers",
-        str(workers or settings.WEB_WORKERS),
+        str(workers or settings.WEB_WORKERS or default_workers()),
+        # Threads, not sync workers: with sync workers two slow or unfinished requests
+        # (a client that never sends its last header) stopped the whole site.
+        "--worker-class",
+        "gthread",
+        "--threads",
+        str(threads or settings.WEB_THREADS),
         "--timeout",
         str(timeout or settings.WEB_TIMEOUT),
         "--access-logfile",
@@ -50,7 +61,7 @@ class Command(cli.QueueCommand):
     epilog = """examples:
   manage.py web                                      # on WEB_ADDR (default 127.0.0.1:8000)
   manage.py web --addr :8080                         # every interface, port 8080
-  manage.py web --addr 127.0.0.1:8000 --workers 4 --timeout 120
+  manage.py web --addr 127.0.0.1:8000 --workers 4 --threads 16 --timeout 120
   manage.py web --no-collectstatic                   # STATIC_ROOT is already collected
   manage.py createsuperuser                          # then log in at /admin/ and /dashboard/
 
@@ -68,7 +79,14 @@ Exit status 2 on a malformed --addr or a number below 1; gunicorn's own status o
             type=cli.positive_int,
             default=None,
             metavar="N",
-            help=f"gunicorn worker processes (default {settings.WEB_WORKERS}).",
+            help=f"gunicorn worker processes (default {settings.WEB_WORKERS or 'one per CPU, at least 2'}).",
+        )
+        parser.add_argument(
+            "--threads",
+            type=cli.positive_int,
+            default=None,
+            metavar="N",
+            help=f"Threads per worker process, each serving one request (default {settings.WEB_THREADS}).",
         )
         parser.add_argument(
             "--timeout",
@@ -83,8 +101,8 @@ Exit status 2 on a malformed --addr or a number below 1; gunicorn's own status o
             help="Serve STATIC_ROOT as it is, without collecting first.",
         )
 
-    def handle(self, *args, addr, workers, timeout, no_collectstatic, **options):
-        argv = gunicorn_argv(addr, workers=workers, timeout=timeout)
+    def handle(self, *args, addr, workers, threads, timeout, no_collectstatic, **options):
+        argv = gunicorn_argv(addr, workers=workers, threads=threads, timeout=timeout)
         if not no_collectstatic:
             # whitenoise serves what collectstatic gathered; gathering is quick and idempotent.
             call_command("collectstatic", interactive=False, verbosity=0)
