@@ -26,6 +26,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
+# runworker refuses to start without one (the benchmarks' throwaway databases sign nothing).
+os.environ.setdefault("SECRET_KEY", "benchmarks-only-not-a-secret")
 URLS = {
     "sqlite": "sqlite:////tmp/jq_bench_worker.db",
     "postgres": "postgres://postgres@127.0.0.1:5432/jq_bench_worker",

@@ -16,8 +16,22 @@ env = environ.Env(
 )
 environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
 
-SECRET_KEY = env("SECRET_KEY", default="insecure-dev-key-change-me-in-production")
 DEBUG = env("DEBUG")
+# No default from the repository: a key everyone can read signs sessions anyone can forge.
+# With DEBUG off and none set it stays empty, and every entry point that serves or signs
+# (web, runworker, metrics --addr) refuses to start saying how to set it
+# (queue_app.conf.missing_secret_key); with DEBUG on each process makes a throwaway one.
+SECRET_KEY = env("SECRET_KEY", default="")
+if not SECRET_KEY and DEBUG:
+    import sys
+
+    from django.core.management.utils import get_random_secret_key
+
+    SECRET_KEY = get_random_secret_key()
+    print(
+        "DEBUG: SECRET_KEY is not set; this process uses a throwaway key (sessions end with it)",
+        file=sys.stderr,
+    )
 ALLOWED_HOSTS = env("ALLOWED_HOSTS")
 
 INSTALLED_APPS = [

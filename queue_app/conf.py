@@ -197,6 +197,23 @@ class QueueSettings:
 settings = QueueSettings(DEFAULTS)
 
 
+def missing_secret_key():
+    """Return a one-line message when the site has no SECRET_KEY (None when it has one),
+    for entry points that serve or sign to refuse to start with."""
+    from django.conf import settings as django_settings
+    from django.core.exceptions import ImproperlyConfigured
+
+    try:
+        if django_settings.SECRET_KEY:
+            return None
+    except ImproperlyConfigured:
+        pass
+    return (
+        'SECRET_KEY is not set: set it in the environment (e.g. export SECRET_KEY="$(python3 -c '
+        "'import secrets; print(secrets.token_urlsafe(50))')\"), or run with DEBUG=1 for a throwaway one"
+    )
+
+
 def project_packages():
     """The top-level packages of the settings module and ROOT_URLCONF."""
     from django.conf import settings as django_settings

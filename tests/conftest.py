@@ -8,6 +8,25 @@ from django.db import connection, connections
 from queue_app.handlers import registry
 from tests import sample_handlers as handlers
 
+# The project has no SECRET_KEY of its own (web and runworker refuse to start without one):
+# the tests' manage.py subprocesses inherit this one.
+TEST_SECRET_KEY = "tests-only-not-a-secret"
+os.environ.setdefault("SECRET_KEY", TEST_SECRET_KEY)
+
+
+def pytest_configure(config):
+    from django.conf import settings
+    from django.core.exceptions import ImproperlyConfigured
+
+    # Settings were read before this module set the variable (pytest-django sets Django
+    # up first): the in-process tests need the key as well.
+    try:
+        missing = not settings.SECRET_KEY
+    except ImproperlyConfigured:  # Django refuses to hand out an empty key
+        missing = True
+    if missing:
+        settings.SECRET_KEY = os.environ["SECRET_KEY"]
+
 
 def pytest_report_header(config):
     from django.conf import settings

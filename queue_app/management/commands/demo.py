@@ -7,6 +7,7 @@ chosen before Django opens any connection, and the workers it starts inherit it.
 
 import argparse
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -141,6 +142,9 @@ def child_env():
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     # A test run's SQLite name must not redirect the demo's database.
     env.pop("SQLITE_TEST_NAME", None)
+    # Its workers refuse to start without a key; the demo's throwaway database signs
+    # nothing that outlives it, so a throwaway key is enough.
+    env.setdefault("SECRET_KEY", secrets.token_urlsafe(50))
     return env
 
 

@@ -1,5 +1,6 @@
 """manage.py metrics: the Prometheus exposition, printed once or served."""
 
+from queue_app import conf
 from queue_app.core import addresses
 from queue_app.ops import cli, metrics
 from queue_app.web import metrics_http
@@ -29,6 +30,8 @@ on a malformed --addr, 1 when the address cannot be listened on (e.g. the port i
         if once:
             self.stdout.write(metrics.render().decode(), ending="")
             return
+        if problem := conf.missing_secret_key():
+            raise cli.CommandError(problem)
         try:
             addresses.parse(addr)
         except ValueError as exc:

@@ -3,6 +3,7 @@
 import argparse
 import importlib
 
+from queue_app import conf
 from queue_app.conf import settings
 from queue_app.ops import cli
 from queue_app.ops.cli import duration, positive_duration, positive_int
@@ -153,6 +154,8 @@ cannot start (a server port taken, a worker of that name running), 2 on a bad fl
         )
 
     def handle(self, *args, **o):
+        if problem := conf.missing_secret_key():
+            raise cli.CommandError(problem)
         try:
             sidecars.check_addresses(o["metrics_addr"], o["web_addr"])
         except ValueError as exc:

@@ -6,6 +6,7 @@ import sys
 from django.conf import settings as django_settings
 from django.core.management import call_command
 
+from queue_app import conf
 from queue_app.conf import settings
 from queue_app.core import addresses
 from queue_app.ops import cli
@@ -102,6 +103,8 @@ Exit status 2 on a malformed --addr or a number below 1; gunicorn's own status o
         )
 
     def handle(self, *args, addr, workers, threads, timeout, no_collectstatic, **options):
+        if problem := conf.missing_secret_key():
+            raise cli.CommandError(problem)
         argv = gunicorn_argv(addr, workers=workers, threads=threads, timeout=timeout)
         if not no_collectstatic:
             # whitenoise serves what collectstatic gathered; gathering is quick and idempotent.
