@@ -2,8 +2,8 @@ from django.contrib import admin
 from django.urls import include, path
 from django.views.generic import RedirectView
 
-from queue_app.ops.health import health_view
 from queue_app.web.api import api
+from queue_app.web.health import health_view
 from queue_app.web.metrics_http import metrics_view
 
 urlpatterns = [

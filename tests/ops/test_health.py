@@ -41,3 +41,32 @@ def test_health_reports_unapplied_migrations(client, settings):
 
 def test_health_refuses_post(client):
     assert client.post("/health").status_code == 405
+
+
+@pytest.fixture
+def worker_table_gone():
+    """A real database error in the workers check: its table renamed inside the test's
+    transaction (rolled back after it; MariaDB would commit the DDL at once)."""
+    from django.db import connection
+
+    if connection.vendor == "mysql":
+        pytest.skip("MariaDB commits DDL at once: the rename would outlive the test")
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE queue_app_worker RENAME TO queue_app_worker_gone")
+
+
+def test_health_shows_no_error_text_to_an_anonymous_caller(client, worker_table_gone):
+    r = client.get("/health")
+
+    assert r.status_code == 503
+    assert r.json()["checks"]["workers"] == {"ok": False, "required": 1}
+    assert "queue_app_worker" not in r.content.decode()
+
+
+def test_health_shows_the_error_text_to_staff(client, django_user_model, worker_table_gone):
+    client.force_login(django_user_model.objects.create_user("ops", is_staff=True))
+
+    r = client.get("/health")
+
+    assert r.status_code == 503
+    assert "queue_app_worker" in r.json()["checks"]["workers"]["error"]
