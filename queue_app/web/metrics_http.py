@@ -10,6 +10,7 @@ import base64
 import hmac
 import ipaddress
 import socket
+import socketserver
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from django.http import HttpResponse
@@ -21,7 +22,7 @@ from queue_app.core import addresses
 from queue_app.ops import metrics
 
 
-def allowed(authorization, remote_addr):
+def allowed(authorization, remote_addr, proxied=False):
     """True when a scrape with this Authorization header from this address may read."""
     token = settings.METRICS_TOKEN
     if token:
@@ -37,6 +38,9 @@ def allowed(authorization, remote_addr):
         return False
     if settings.METRICS_PUBLIC:
         return True
+    if proxied:
+        # A reverse proxy on this host connects from loopback for everyone on the internet.
+        return False
     try:
         return ipaddress.ip_address((remote_addr or "").split("%")[0]).is_loopback
     except ValueError:
@@ -52,7 +56,9 @@ def _refused():
 @require_GET
 def metrics_view(request):
     """GET /metrics: the Prometheus exposition of a fresh snapshot."""
-    if not allowed(request.headers.get("Authorization"), request.META.get("REMOTE_ADDR")):
+    if not allowed(
+        request.headers.get("Authorization"), request.META.get("REMOTE_ADDR"), _proxied(request.META)
+    ):
         status, body, headers = _refused()
         return HttpResponse(body, status=status, content_type="text/plain", headers=headers)
     return HttpResponse(metrics.render(), content_type=CONTENT_TYPE_LATEST)
@@ -63,7 +69,7 @@ def wsgi_app(environ, start_response):
     try:
         if environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
             status, body, headers = "405 Method Not Allowed", b"GET only\n", {"Allow": "GET"}
-        elif not allowed(environ.get("HTTP_AUTHORIZATION"), environ.get("REMOTE_ADDR")):
+        elif not allowed(environ.get("HTTP_AUTHORIZATION"), environ.get("REMOTE_ADDR"), _proxied(environ)):
             code, body, headers = _refused()
             status = f"{code} Unauthorized"
         else:
@@ -76,15 +82,26 @@ def wsgi_app(environ, start_response):
     return [b"" if environ.get("REQUEST_METHOD") == "HEAD" else body]
 
 
+def _proxied(meta):
+    """Whether the request came through a proxy (it says whom it forwards for)."""
+    return any(meta.get(h) for h in ("HTTP_X_FORWARDED_FOR", "HTTP_FORWARDED", "HTTP_X_REAL_IP"))
+
+
+class _ThreadingWSGIServer(socketserver.ThreadingMixIn, WSGIServer):
+    # A thread per connection: one client that connects and sends nothing (a port scan,
+    # a stuck scraper) must not block every other scrape.
+    daemon_threads = True
+
+
 class _QuietHandler(WSGIRequestHandler):
     def log_message(self, format, *args):
         pass
 
 
 def server(addr):
-    """A single-threaded WSGI server for ``addr`` (call serve_forever() on it)."""
+    """A WSGI server for ``addr``, a thread per connection (call serve_forever() on it)."""
     host, port = addresses.parse(addr)
-    cls = WSGIServer
+    cls = _ThreadingWSGIServer
     if ":" in host:
-        cls = type("WSGIServerV6", (WSGIServer,), {"address_family": socket.AF_INET6})
+        cls = type("WSGIServerV6", (_ThreadingWSGIServer,), {"address_family": socket.AF_INET6})
     return make_server(host, port, wsgi_app, server_class=cls, handler_class=_QuietHandler)

@@ -203,3 +203,43 @@ def test_the_standalone_server_serves_the_same_exposition():
     body = b"".join(metrics_http.wsgi_app(environ, lambda status, headers: out.update(status=status)))
     assert out["status"] == "200 OK"
     assert "jobqueue_dead_letters" in {f.name for f in text_string_to_metric_families(body.decode())}
+
+
+def test_a_loopback_request_a_proxy_forwarded_is_not_treated_as_local(client):
+    # A reverse proxy on this host connects from 127.0.0.1 for whoever called it.
+    assert client.get("/metrics", headers={"X-Forwarded-For": "203.0.113.5"}).status_code == 401
+    assert client.get("/metrics", headers={"Forwarded": "for=203.0.113.5"}).status_code == 401
+    assert client.get("/metrics").status_code == 200
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_standalone_server_still_answers_while_a_client_holds_a_connection_idle():
+    import socket
+    import urllib.request
+
+    from tests.worker_support import manage, wait_for
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = manage("metrics", "--addr", f"127.0.0.1:{port}")
+    url = f"http://127.0.0.1:{port}/metrics"
+
+    def answers():
+        try:
+            return urllib.request.urlopen(url, timeout=1).status == 200
+        except OSError:
+            return False
+
+    try:
+        wait_for(answers, timeout=30, what="manage.py metrics to serve")
+        # One client connects and sends nothing; another scrapes.
+        with (
+            socket.create_connection(("127.0.0.1", port), timeout=5),
+            urllib.request.urlopen(url, timeout=5) as r,
+        ):
+            assert r.status == 200
+            assert b"jobqueue_jobs" in r.read()
+    finally:
+        proc.terminate()
+        proc.wait(10)
