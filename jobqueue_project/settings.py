@@ -34,6 +34,25 @@ if not SECRET_KEY and DEBUG:
     )
 ALLOWED_HOSTS = env("ALLOWED_HOSTS")
 
+# Behind TLS (`manage.py check --deploy` is clean once these are set): secure cookies, HSTS,
+# the redirect to https, and the header a TLS-terminating proxy sets (e.g.
+# SECURE_PROXY_SSL_HEADER=HTTP_X_FORWARDED_PROTO,https). Off by default: plain http on
+# localhost is the demo's and the tests' setting.
+SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=False)
+CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=False)
+SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=False)
+SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=False)
+SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=False)
+SECURE_PROXY_SSL_HEADER = tuple(env.list("SECURE_PROXY_SSL_HEADER", default=[])) or None
+if SECURE_PROXY_SSL_HEADER is not None and len(SECURE_PROXY_SSL_HEADER) != 2:
+    raise ImproperlyConfigured(
+        "SECURE_PROXY_SSL_HEADER must be HEADER,VALUE (e.g. HTTP_X_FORWARDED_PROTO,https)"
+    )
+# Django's own cap on a request body is below the API's (API_MAX_BODY_BYTES, 4 MiB): a body
+# between the two got Django's HTML 400 instead of the API's JSON 413.
+DATA_UPLOAD_MAX_MEMORY_SIZE = 5 * 1024 * 1024
+
 INSTALLED_APPS = [
     "django.contrib.admin",
     "django.contrib.auth",
@@ -168,5 +187,9 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "loggers": {"queue_app": {"handlers": ["console"], "level": env("JOBQUEUE_LOG_LEVEL", default="INFO")}},
+    "loggers": {
+        "queue_app": {"handlers": ["console"], "level": env("JOBQUEUE_LOG_LEVEL", default="INFO")},
+        # With DEBUG off Django mails 500s to ADMINS (none here): log their tracebacks instead.
+        "django.request": {"handlers": ["console"], "level": "ERROR", "propagate": False},
+    },
 }
