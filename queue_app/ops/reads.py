@@ -46,6 +46,19 @@ PENDING_COUNTS = (*PENDING_STATUSES, LATE)
 FAILURE_EVENTS = (EventType.FAILED, EventType.DEAD_LETTERED, EventType.RECOVERED)
 
 
+# Ids are 64-bit: a larger number is no id (and PostgreSQL refuses to compare with it).
+MAX_ID = 2**63 - 1
+
+
+def as_id(text):
+    """``text`` as a job id, or None: ASCII digits only ("²" is a digit to str.isdigit
+    but not to int()) and within 64 bits."""
+    if not (text and text.isascii() and text.isdigit()):
+        return None
+    value = int(text)
+    return value if 0 < value <= MAX_ID else None
+
+
 @dataclass(frozen=True)
 class Filters:
     """What the job lists, `inspect` and `requeue --all-matching` narrow jobs by.
@@ -60,6 +73,12 @@ class Filters:
     q: str | None = None
 
     def __post_init__(self):
+        for name in ("kind", "queue", "q"):
+            value = getattr(self, name)
+            if value and "\x00" in value:
+                # PostgreSQL cannot hold or compare a NUL in text (the query would fail):
+                # no kind, queue or key holds one, so the filter matches what it would.
+                object.__setattr__(self, name, value.replace("\x00", ""))
         if self.state is not None and self.state not in STATUSES:
             raise InvalidJob(f"unknown state {self.state!r}; choose one of {', '.join(STATUSES)}", "state")
 
@@ -74,7 +93,7 @@ class Filters:
             term = self.q.strip()
             qs = (
                 qs.filter(id=int(term))
-                if term.isdigit()
+                if as_id(term) is not None
                 else qs.filter(Q(kind__icontains=term) | Q(idempotency_key=term))
             )
         return qs

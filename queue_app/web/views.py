@@ -7,6 +7,7 @@ script fetches every few seconds and swaps in; without script the page is whole.
 """
 
 from functools import wraps
+from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
@@ -48,8 +49,7 @@ def _page(request, template, context, *, live=True):
 
 
 def _cursor(request):
-    value = request.GET.get("before", "")
-    return int(value) if value.isdigit() else None
+    return reads.as_id(request.GET.get("before", ""))
 
 
 @_perm("queue_app.view_job")
@@ -69,7 +69,7 @@ def jobs(request):
         filters["status"] = ""
         chosen = reads.Filters(kind=filters["kind"], queue=filters["queue"], q=filters["q"])
     page = reads.job_page(chosen, before=_cursor(request))
-    query = "&".join(f"{k}={v}" for k, v in filters.items() if v)
+    query = urlencode({k: v for k, v in filters.items() if v})
     context = {
         "nav": "jobs",
         "page": page,
