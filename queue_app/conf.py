@@ -112,6 +112,9 @@ DEFAULTS = {
     "API_KEY_HEADER": "X-API-Key",
     # Request bodies over this many bytes get 413 before they are parsed.
     "API_MAX_BODY_BYTES": 4 * 1024 * 1024,
+    # Characters of each payload, result and error message a list row carries (the API's
+    # and the dashboard's lists); the whole of them only on the job's own page.
+    "LIST_PREVIEW_CHARS": 200,
     "API_PAGE_SIZE": 50,
     "API_MAX_PAGE_SIZE": 500,
     # /health: fewer live workers than this is 503. Live means not stopped and not lost;

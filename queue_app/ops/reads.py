@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.core.paginator import Paginator
-from django.db.models import Count, Min, Q, Sum
-from django.db.models.functions import TruncMinute
+from django.db.models import Count, Min, Q, Sum, TextField
+from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast, Length, Substr, TruncMinute
 from django.utils import timezone
 from django.utils.functional import cached_property
 
@@ -271,10 +272,28 @@ def _keyset(qs, before, size):
     return Page(rows=rows[:size], older=older, first=not before)
 
 
+def _previewed(qs, **json_fields):
+    """``qs`` without the JSON columns named (their values may be megabytes each), and with
+    ``<name>_preview`` (the first LIST_PREVIEW_CHARS of each one's JSON text),
+    ``<name>_size`` (its length) and ``<name>_message`` (a message key's start) instead:
+    a list page's size stays bounded whatever its rows hold."""
+    n = settings.LIST_PREVIEW_CHARS
+    annotations = {}
+    for name, with_message in json_fields.items():
+        text = Cast(name, TextField())
+        annotations[f"{name}_preview"] = Substr(text, 1, n)
+        annotations[f"{name}_size"] = Length(text)
+        if with_message:
+            annotations[f"{name}_message"] = Substr(KeyTextTransform("message", name), 1, n)
+    return qs.defer(*json_fields).annotate(**annotations)
+
+
 def job_page(filters=None, *, before=None, size=None, now=None):
-    """Jobs matching ``filters``, newest first, each with its status read in the same query."""
+    """Jobs matching ``filters``, newest first, each with its status read in the same query
+    and its payload, result and error as bounded previews (_previewed)."""
     now = now or timezone.now()
     qs = (filters or Filters()).apply(Job.objects.with_status(now), now)
+    qs = _previewed(qs, payload=False, result=False, last_error=True).defer("metadata")
     return _keyset(qs, before, size or settings.DASHBOARD_PAGE_SIZE)
 
 
@@ -300,8 +319,12 @@ def latest_events(filters=None, *, limit=15):
 
 def dead_letter_page(*, resolved=False, before=None, size=None):
     """Dead letters, newest first: unresolved ones, or resolved ones."""
-    qs = DeadLetter.objects.filter(resolved_at__isnull=not resolved)
-    return _keyset(qs, before, size or settings.DASHBOARD_PAGE_SIZE)
+    qs = _previewed(DeadLetter.objects.filter(resolved_at__isnull=not resolved), payload=False, error=True)
+    return _keyset(
+        qs.annotate(error_type=KeyTextTransform("type", "error")),
+        before,
+        size or settings.DASHBOARD_PAGE_SIZE,
+    )
 
 
 def worker_rows(*, include_stopped=True, limit=500, order=("state", "-last_heartbeat")):

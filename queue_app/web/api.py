@@ -249,11 +249,12 @@ class RequeueIn(Schema):
     max_attempts: int | None = None
 
 
-class JobOut(Schema):
+class JobFields(Schema):
+    """What a job's row says, but its JSON columns (JobOut has them whole, JobRow previews)."""
+
     id: int
     kind: str
     queue_name: str
-    payload: Any
     priority: int
     run_at: datetime
     state: str
@@ -271,8 +272,6 @@ class JobOut(Schema):
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
-    result: Any
-    last_error: Any
     timeout: float | None
     backoff_base: float | None
     backoff_max: float | None
@@ -282,7 +281,26 @@ class JobOut(Schema):
     )
     progress: float | None = Field(None, description="0-100, as the running handler last reported.")
     progress_message: str | None = None
+
+
+class JobOut(JobFields):
+    payload: Any
+    result: Any
+    last_error: Any
     metadata: Any = Field(None, description="JSON the handler attached.")
+
+
+class JobRow(JobFields):
+    """A job in a list: its JSON columns as bounded previews, so a page's size stays bounded
+    whatever its rows hold (the whole job: GET /api/jobs/{id})."""
+
+    payload_preview: str = Field(
+        ..., description="The payload's JSON text, cut at LIST_PREVIEW_CHARS characters."
+    )
+    payload_size: int = Field(..., description="Characters of the payload's whole JSON text.")
+    result_preview: str | None = None
+    result_size: int | None = None
+    last_error_message: str | None = Field(None, description="The start of the last error's message.")
 
 
 class EventOut(Schema):
@@ -302,17 +320,22 @@ class JobDetail(JobOut):
 
 
 class JobPage(Schema):
-    items: list[JobOut]
+    items: list[JobRow]
     next_before: int | None = Field(None, description="Pass as ?before= for the next (older) page.")
 
 
-class DeadLetterOut(Schema):
+class DeadLetterRow(Schema):
+    """A dead letter in a list: payload and error as bounded previews (the whole of them:
+    the job's own endpoint)."""
+
     id: int
     job_id: int
     kind: str
-    payload: Any
+    payload_preview: str
+    payload_size: int
     attempts: int
-    error: Any
+    error_type: str | None = None
+    error_message: str | None = None
     reason: str
     created_at: datetime
     resolved_at: datetime | None
@@ -320,7 +343,7 @@ class DeadLetterOut(Schema):
 
 
 class DeadLetterPage(Schema):
-    items: list[DeadLetterOut]
+    items: list[DeadLetterRow]
     next_before: int | None = None
 
 
