@@ -64,7 +64,22 @@ INSTALLED_APPS = [
     # not from a CDN.
     "ninja",
     "queue_app",
+    # Login throttling for the admin's login, the way into the dashboard and the API's
+    # session auth too (django-axes).
+    "axes",
 ]
+
+AUTHENTICATION_BACKENDS = [
+    # First: refuses a locked-out username from an address before any password is checked.
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+# Locked after AXES_FAILURE_LIMIT wrong passwords for one username from one address, for
+# AXES_COOLOFF_HOURS; `manage.py axes_reset` lifts every lock at once.
+AXES_FAILURE_LIMIT = env.int("AXES_FAILURE_LIMIT", default=5)
+AXES_COOLOFF_TIME = env.float("AXES_COOLOFF_HOURS", default=1.0)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
@@ -76,6 +91,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: it turns a lockout into its 429 answer.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "jobqueue_project.urls"
