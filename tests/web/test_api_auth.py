@@ -137,3 +137,40 @@ def test_apikey_command_prints_a_key_once_and_stores_only_its_hash(capsys):
     call_command("apikey", "revoke", "deploy-bot")
     with pytest.raises(CommandError, match="no active key"):
         call_command("apikey", "revoke", "deploy-bot")
+
+
+def test_an_anonymous_write_is_401_even_where_csrf_is_enforced():
+    client = Client(enforce_csrf_checks=True)
+
+    r = enqueue_with(client)
+
+    assert r.status_code == 401
+    assert Job.objects.count() == 0
+
+
+def test_a_staff_session_still_needs_the_csrf_token_to_write():
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(User.objects.create_superuser("boss", password="pw"))
+
+    assert enqueue_with(client).status_code == 403
+
+
+@pytest.mark.parametrize(
+    "method, perm",
+    [("post", "add_pause"), ("delete", "delete_pause")],
+)
+def test_pausing_over_the_api_needs_the_pause_permissions_the_admin_asks_for(method, perm):
+    from queue_app.core import flow
+
+    if method == "delete":
+        flow.pause(queue="q", actor="t")
+    call = {
+        "post": lambda c: c.post("/api/pauses", json.dumps({"queue": "q"}), content_type="application/json"),
+        "delete": lambda c: c.delete("/api/pauses?queue=q"),
+    }[method]
+
+    refused = call(staff("change_job", "view_pause"))
+    allowed = call(staff_named("pauser", perm))
+
+    assert refused.status_code == 403 and perm in refused.json()["error"]
+    assert allowed.status_code in (200, 201)
