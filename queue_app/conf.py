@@ -156,6 +156,10 @@ DEFAULTS = {
     # multicast, reserved, unspecified) unless it lies in one of these networks, e.g.
     # ["10.1.2.0/24"] for an internal receiver.
     "WEBHOOK_ALLOWED_NETWORKS": [],
+    # Schemes and ports an allowed host may be reached on: https on 443 unless listed
+    # (None: any port). Plain http carries the signed body and its signature in the clear.
+    "WEBHOOK_ALLOWED_SCHEMES": ["https"],
+    "WEBHOOK_ALLOWED_PORTS": [443],
     # With a secret, each attempt carries "X-Jobqueue-Signature: t=<unix seconds>,v1=<hex>",
     # the HMAC-SHA256 of b"<t>." + body; receivers check it with webhooks.verify().
     "WEBHOOK_SECRET": None,

@@ -40,6 +40,16 @@ def check_url(url):
         raise InvalidJob(f"webhook_url is not a valid URL: {exc}", field) from None
     if parts.scheme not in ("http", "https"):
         raise InvalidJob(f"webhook_url must be http or https, not {parts.scheme or 'empty'!r}", field)
+    schemes = settings.WEBHOOK_ALLOWED_SCHEMES or ()
+    if parts.scheme not in schemes:
+        raise InvalidJob(
+            f"webhook_url scheme {parts.scheme!r} is not in the WEBHOOK_ALLOWED_SCHEMES setting ({', '.join(schemes)})",
+            field,
+        )
+    ports = settings.WEBHOOK_ALLOWED_PORTS
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    if ports is not None and port not in ports:
+        raise InvalidJob(f"webhook_url port {port} is not in the WEBHOOK_ALLOWED_PORTS setting", field)
     if not host:
         raise InvalidJob("webhook_url has no host", field)
     if parts.username or parts.password:

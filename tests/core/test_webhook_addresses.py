@@ -27,6 +27,9 @@ def allow(settings, hosts, networks=()):
         **settings.JOBQUEUE,
         "WEBHOOK_ALLOWED_HOSTS": list(hosts),
         "WEBHOOK_ALLOWED_NETWORKS": list(networks),
+        # Test receivers listen over http (or https) on random ports.
+        "WEBHOOK_ALLOWED_SCHEMES": ["http", "https"],
+        "WEBHOOK_ALLOWED_PORTS": None,
         "WEBHOOK_TIMEOUT": 2.0,
     }
 

@@ -25,8 +25,11 @@ def hooks(settings):
     settings.JOBQUEUE = {
         **settings.JOBQUEUE,
         "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"],
-        # The receiver is on loopback, which only an explicit network entry opens.
+        # The receiver is on loopback, which only an explicit network entry opens, over
+        # plain http on a random port, which only these two open.
         "WEBHOOK_ALLOWED_NETWORKS": ["127.0.0.1"],
+        "WEBHOOK_ALLOWED_SCHEMES": ["http", "https"],
+        "WEBHOOK_ALLOWED_PORTS": None,
         "WEBHOOK_SECRET": SECRET,
         "WEBHOOK_TIMEOUT": 2.0,
         "BACKOFF_BASE": 0.05,
@@ -94,6 +97,33 @@ def test_webhook_urls_outside_the_rules_are_refused_at_enqueue(hooks, url, says)
 def test_with_no_allow_list_every_webhook_is_refused():
     with pytest.raises(InvalidJob, match="WEBHOOK_ALLOWED_HOSTS"):
         enqueue("echo", webhook_url="https://example.com/hook")
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "url, says",
+    [
+        ("http://hooks.example.com/x", "scheme 'http' is not in the WEBHOOK_ALLOWED_SCHEMES"),
+        ("https://hooks.example.com:8443/x", "port 8443 is not in the WEBHOOK_ALLOWED_PORTS"),
+        ("https://hooks.example.com:22/x", "port 22 is not in the WEBHOOK_ALLOWED_PORTS"),
+    ],
+)
+def test_an_allowed_host_is_reached_over_https_on_443_unless_more_is_listed(settings, url, says):
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "WEBHOOK_ALLOWED_HOSTS": ["hooks.example.com"]}
+
+    with pytest.raises(InvalidJob, match=says):
+        enqueue("echo", webhook_url=url)
+    assert (
+        enqueue("echo", webhook_url="https://hooks.example.com/x").webhook_url
+        == "https://hooks.example.com/x"
+    )
+    settings.JOBQUEUE = {
+        **settings.JOBQUEUE,
+        "WEBHOOK_ALLOWED_SCHEMES": ["http", "https"],
+        "WEBHOOK_ALLOWED_PORTS": [443, 8443, 80],
+    }
+    if ":22/" not in url:
+        assert enqueue("echo", webhook_url=url).webhook_url == url
 
 
 def test_allow_list_entries_with_a_dot_cover_subdomains(settings):
