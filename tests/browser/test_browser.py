@@ -119,7 +119,7 @@ def test_overview_shows_counts_and_updates_itself_when_a_job_arrives(page):
 
 @pytest.mark.django_db(transaction=True)
 def test_refresh_pauses_while_the_tab_is_hidden(page):
-    page.wait_for_function("Number(document.getElementById('live').dataset.swaps || 0) >= 1")
+    page.wait_for_function("() => Number(document.getElementById('live').dataset.swaps || 0) >= 1")
     page.evaluate(
         """() => {
             Object.defineProperty(document, 'hidden', {configurable: true, get: () => true});

@@ -96,3 +96,19 @@ def test_a_500_is_logged_with_its_traceback_when_debug_is_off():
     assert done.stdout.strip() == "500"
     assert "Traceback (most recent call last)" in done.stderr
     assert "RuntimeError: boom-for-the-log" in done.stderr
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("path", ["/dashboard/", "/admin/login/", "/api/jobs"])
+def test_every_page_carries_a_content_security_policy_that_runs_only_our_own_scripts(path):
+    from django.contrib.auth.models import User
+
+    client = Client()
+    client.force_login(User.objects.create_superuser("root"))
+
+    policy = client.get(path)["Content-Security-Policy"]
+
+    assert (
+        "script-src 'self'" in policy and "unsafe-inline" not in policy.split("script-src")[1].split(";")[0]
+    )
+    assert "object-src 'none'" in policy and "frame-ancestors 'none'" in policy
