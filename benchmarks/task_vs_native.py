@@ -12,8 +12,12 @@ For each database and path:
   the same PRAGMAs (the floor for this schema).
 - ``drain``: those N jobs drained by `runworker --burst --concurrency 4 --batch B`, from the
   first start to the last finish (database timestamps: process start-up left out).
-- ``latency``: 4 idle children; 200 jobs 20 ms apart; from just before the enqueue call
-  to the first line of the function (it returns time.time(), read back from its result).
+- ``latency``: 4 idle children (the default poll, 1 s: the wake-ups are what is
+  measured); 200 jobs 20 ms apart; from just before the enqueue call to the first line
+  of the function (it returns time.time(), read back from its result). With
+  ``claims_per_job``: the engine claim statements the workers ran from the first enqueue
+  until the last job completed, per job (each claim appends a byte to a file: the
+  worker runs with Engine.claim wrapped, see COUNTED; ``empty_claims`` leased nothing).
 The functions are jobqueue_project.tasks.stamp (@task) and the "bench.stamp" handler.
 """
 
@@ -86,12 +90,15 @@ print(json.dumps({"done": Job.objects.completed().count(), "span": (a["last"] - 
 
 LATENCY = """
 import time
+from pathlib import Path
 from queue_app import enqueue
 from queue_app.models import Job, Worker
 from jobqueue_project.tasks import stamp
 while not Worker.objects.filter(state="running").exists():
     time.sleep(0.05)
 time.sleep(1.0)  # let the children reach their idle wait
+counted = Path({claims!r})
+start = len(counted.read_bytes())
 sent = {{}}
 for _ in range({n}):
     before = time.time()
@@ -100,9 +107,32 @@ for _ in range({n}):
     time.sleep(0.02)
 while Job.objects.filter(id__in=list(sent)).exclude(state="completed").exists():
     time.sleep(0.05)
+claims = counted.read_bytes()[start:]
 lat = sorted((j.result - sent[j.id]) * 1000 for j in Job.objects.filter(id__in=list(sent)))
 pick = lambda q: round(lat[min(len(lat) - 1, int(q * len(lat)))], 2)
-print(json.dumps({{"p50_ms": pick(0.5), "p99_ms": pick(0.99)}}))
+print(json.dumps({{"p50_ms": pick(0.5), "p99_ms": pick(0.99), "claims_per_job": round(len(claims) / {n}, 3),
+                  "empty_claims": claims.count(b"0")}}))
+"""
+
+# runworker with every engine's claim wrapped to append one byte per claim statement to
+# JQ_CLAIMS (1: it leased something, 0: nothing): the forked children inherit the
+# wrapper and the O_APPEND descriptor, so counting costs a write(2), no timing.
+COUNTED = """
+import os, sys, django
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "jobqueue_project.settings")
+django.setup()
+from queue_app import engines
+fd = os.open(os.environ["JQ_CLAIMS"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+def counted(claim):
+    def wrapper(self, **kwargs):
+        found = claim(self, **kwargs)
+        os.write(fd, b"1" if found else b"0")
+        return found
+    return wrapper
+for engine in engines.ENGINES.values():
+    engine.claim = counted(engine.claim)
+from django.core.management import execute_from_command_line
+execute_from_command_line(["manage.py", *sys.argv[1:]])
 """
 
 
@@ -128,11 +158,16 @@ def enqueue_and_drain(db, path, jobs, batch):
     return round(enq["per_s"]), round(jobs / span["span"])
 
 
-def latency(db, path, n):
+def latency(db, path, n, poll):
     fresh_database(db)
-    proc = worker(db, "--concurrency", "4")
+    claims = Path(f"/tmp/jq_bench_claims_{db}")
+    claims.write_bytes(b"")
+    env = dict(os.environ, DATABASE_URL=URLS[db], JOBQUEUE_LOG_LEVEL="WARNING", JQ_CLAIMS=str(claims))
+    proc = subprocess.Popen(
+        [PY, "-c", COUNTED, "runworker", *IMPORT, "--poll", poll, "--concurrency", "4"], cwd=ROOT, env=env
+    )
     try:
-        return json.loads(django_snippet(db, LATENCY.format(task=path == "task", n=n)))
+        return json.loads(django_snippet(db, LATENCY.format(task=path == "task", n=n, claims=str(claims))))
     finally:
         proc.terminate()
         proc.wait(30)
@@ -150,9 +185,11 @@ def main():
     parser.add_argument("--jobs", type=int, default=5000)
     parser.add_argument("--batch", default="10,100", help="comma-separated batch sizes")
     parser.add_argument("--latency-jobs", type=int, default=200)
+    parser.add_argument("--latency-poll", default="1s", help="the idle children's poll in the latency run")
+    parser.add_argument("--latency-only", action="store_true", help="only the latency figure")
     args = parser.parse_args()
     for db in args.db or ["sqlite", "postgres"]:
-        for batch in [int(b) for b in args.batch.split(",")]:
+        for batch in [] if args.latency_only else [int(b) for b in args.batch.split(",")]:
             got = {path: enqueue_and_drain(db, path, args.jobs, batch) for path in ("native", "task")}
             for i, what in ((1, "drain"), (0, "enqueue")):
                 if what == "enqueue" and batch != int(args.batch.split(",")[0]):
@@ -167,7 +204,7 @@ def main():
                     task_per_s=task,
                     task_over_native=round(task / native, 3),
                 )
-        if db == "sqlite":
+        if db == "sqlite" and not args.latency_only:
             fresh_database(db)
             bare = json.loads(django_snippet(db, BARE_SQLITE.format(n=args.jobs)))["per_s"]
             emit(
@@ -178,7 +215,7 @@ def main():
                 native_per_s=got["native"][0],
                 native_over_bare=round(got["native"][0] / bare, 3),
             )
-        lat = {path: latency(db, path, args.latency_jobs) for path in ("native", "task")}
+        lat = {path: latency(db, path, args.latency_jobs, args.latency_poll) for path in ("native", "task")}
         emit(
             bench="task_vs_native_latency",
             db=db,

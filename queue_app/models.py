@@ -210,6 +210,10 @@ class Job(models.Model):
     payload = models.JSONField(default=dict, blank=True)
     priority = models.SmallIntegerField(default=0)
     run_at = models.DateTimeField(default=timezone.now)
+    # The earliest start the enqueuer asked for (django.tasks' run_after), kept as given:
+    # run_at starts there or at the enqueue, whichever is later, and retries move it.
+    # Empty: as soon as possible. Nullable, so adding it is a catalogue change.
+    run_after = models.DateTimeField(null=True, blank=True)
     state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
     attempts = models.PositiveIntegerField(default=0)
     max_attempts = models.PositiveIntegerField(default=3)

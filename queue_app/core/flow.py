@@ -1,11 +1,20 @@
 """Flow control that holds across every worker and host: pauses, concurrency (per kind
 and per key) and rate limits.
 
-Pause. A ``Pause`` row names a queue or a kind. ``transitions.claim`` reads the (tiny)
-table at the start of every claim and hands the names to the claim SQL as exclusions,
-so paused jobs stay ``pending``, keep their place in line, and are leased again by the
-first claim after ``resume``. A pause takes effect for claims that start after it
-commits; a job already leased finishes.
+Pause. A ``Pause`` row names a queue or a kind. Every claim reads the (tiny) table and
+hands the names to the claim SQL as exclusions, so paused jobs stay ``pending``, keep
+their place in line, and are leased again by the first claim after ``resume``. A pause
+takes effect for claims that start after it commits; a job already leased finishes.
+
+How a claim reads them. Usually nothing is paused or limited, and a separate read of
+the two tables before every claim would be a round trip of its own for nothing. So
+``transitions.claim`` first claims with ``unless_gated``: the engine reads whether any
+pause or limit exists in the claim's own statement (PostgreSQL, MariaDB's first one) or
+transaction (SQLite) and, if one does, leases nothing; only then does the claim read
+claim_gates() and go the long way below. That is exact, not a cache: no claim leases a
+job that a pause committed before it started holds back. A process that found a gate
+goes the long way directly until a claim_gates() read finds none (likely_gated()), so
+a site that keeps a limit pays no extra statement either.
 
 Limits. A ``KindLimit`` row caps one kind: at most ``concurrency`` jobs leased at once,
 at most ``per_key`` leased at once per ``Job.concurrency_key`` (see Per key below) and
@@ -96,13 +105,25 @@ def current_pauses(using="default"):
     return Pauses(frozenset(queues), frozenset(kinds))
 
 
+# Per database: whether this process's last claim_gates() read found a pause or a
+# limit. Only which way transitions.claim tries first; each way reads the gates itself.
+_seen_gated = {}
+
+
+def likely_gated(using="default"):
+    """Whether the last claim here found something paused or limited."""
+    return _seen_gated.get(using, False)
+
+
 def claim_gates(using="default"):
-    """Return (Pauses, limited kinds): what every claim must know, read in one statement.
+    """Return (Pauses, limited kinds): what a claim must know, read in one statement.
 
     The same rows as current_pauses() and active_limits(), without building a model per
-    row: a claim reads this each time (no cache, so a pause or a limit set on any host
-    holds from the next claim on), so it has to cost one small round trip."""
+    row: a claim that may meet a gate reads this each time (no cache, so a pause or a
+    limit set on any host holds from the next claim on), so it has to cost one small
+    round trip."""
     rows = engines.of(connections[using]).claim_gates()
+    _seen_gated[using] = bool(rows)
     queues = frozenset(name for scope, name in rows if scope == PauseScope.QUEUE)
     kinds = frozenset(name for scope, name in rows if scope == PauseScope.KIND)
     limited = frozenset(name for scope, name in rows if scope == "limit")

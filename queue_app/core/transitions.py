@@ -79,6 +79,7 @@ def _new_job(req, now):
         queue_name=req.queue_name,
         priority=req.priority,
         run_at=req.run_at or now,
+        run_after=req.run_after,
         max_attempts=req.max_attempts,
         idempotency_key=req.idempotency_key,
         concurrency_key=req.concurrency_key,
@@ -124,6 +125,7 @@ def _given(req, now):
         "queue_name": req.queue_name,
         "priority": req.priority,
         "run_at": req.run_at or now,
+        "run_after": req.run_after,
         "state": _PENDING,
         "attempts": 0,
         "max_attempts": req.max_attempts,
@@ -285,9 +287,6 @@ def claim(
         queues = None
     now = now or timezone.now()
     expires = now + timedelta(seconds=lease)
-    # Paused queues/kinds are never leased; limited kinds are claimed one by one under
-    # their limit row's lock before the main claim (flow.py says why).
-    pauses, limits = flow.claim_gates(db)
     at_db = connection.ops.adapt_datetimefield_value(now)
     # One claimed event per leased job; the engine fills in each one's id and attempt.
     event = rows.event_params(
@@ -303,19 +302,29 @@ def claim(
         {"lease_expires_at": expires.isoformat()},
     )
     engine = engines.of(connection)
+    claim_one = partial(
+        engine.claim,
+        owner=worker_id,
+        now=now,
+        expires=expires,
+        event=event,
+        queues=list(queues) if queues else None,
+        aging_us=ordering.aging_microseconds(aging),
+    )
+    in_order = partial(ordering.sort_key, now=now, aging_seconds=aging)
+    if not flow.likely_gated(db):
+        # Nothing paused, nothing limited (as the last claim here found): one claim that
+        # reads the gates itself and leases nothing if one exists (exact: the same
+        # statement or transaction), and only then the long way below.
+        found = claim_one(limit=limit, kinds=list(kinds) if kinds else None, unless_gated=True)
+        if found is not None:
+            return sorted(rows.JobReader.on(connection).jobs(found), key=in_order) if found else []
+    # Paused queues/kinds are never leased; limited kinds are claimed one by one under
+    # their limit row's lock before the main claim (flow.py says why).
+    pauses, limits = flow.claim_gates(db)
 
     def lease(n, **filters):
-        found = engine.claim(
-            owner=worker_id,
-            limit=n,
-            now=now,
-            expires=expires,
-            event=event,
-            queues=list(queues) if queues else None,
-            aging_us=ordering.aging_microseconds(aging),
-            exclude_queues=pauses.queues,
-            **filters,
-        )
+        found = claim_one(limit=n, exclude_queues=pauses.queues, **filters)
         return rows.JobReader.on(connection).jobs(found) if found else []
 
     jobs = []
@@ -333,7 +342,7 @@ def claim(
     if len(jobs) < limit and (wanted is None or wanted):
         # Atomic with its events on its own (on PostgreSQL one statement, no BEGIN/COMMIT).
         jobs += lease(limit - len(jobs), kinds=wanted, exclude_kinds=excluded)
-    jobs.sort(key=lambda j: ordering.sort_key(j, now, aging))
+    jobs.sort(key=in_order)
     return jobs
 
 
@@ -347,7 +356,7 @@ def complete_and_claim(done, worker_id, **claim_options):
     the caller acknowledges on its own before retrying the claim)."""
     db = _db(claim_options.get("using"))
     with transaction.atomic(using=db):
-        completed = complete_many(done, worker_id=worker_id, using=db)
+        completed = complete_many(done, worker_id=worker_id, now=claim_options.get("now"), using=db)
         jobs = claim(worker_id, **{**claim_options, "using": db})
     return completed, jobs
 
@@ -451,19 +460,20 @@ _HAS_FOLLOW_UP = ExpressionWrapper(
 )
 
 
-def complete_many(done, *, worker_id, using=None):
+def complete_many(done, *, worker_id, now=None, using=None):
     """Mark many leased jobs completed in one transaction (batched acks).
 
     ``done`` is [(job_id, attempt, result)] for handlers that have returned, or
     [(job_id, attempt, result, output)] with what each printed. Return the ids completed;
-    the others were no longer this worker's (and are logged as lost).
+    the others were no longer this worker's (and are logged as lost). ``now``, if given,
+    is their finished_at: the caller builds their TaskResults from it, with no read back.
     """
     outputs = {d[0]: d[3] for d in done if len(d) > 3 and d[3]}
     done = [(job_id, attempt, validation.payload(result, "result")) for job_id, attempt, result, *_ in done]
     if not done:
         return set()
     db = _db(using)
-    now = timezone.now()
+    now = now or timezone.now()
     fast = _complete_plain(
         db,
         [

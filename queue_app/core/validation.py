@@ -87,6 +87,9 @@ class EnqueueRequest:
     parent_id: int | None = None
     # The payload's JSON text as validated, stored as is (None: encode ``payload``).
     payload_json: str | None = None
+    # The earliest start asked for (run_at as given, in UTC, or now + run_after), before
+    # run_at is moved up to the enqueue; django.tasks reads it back as run_after.
+    run_after: datetime | None = None
 
 
 def _is_int(value):
@@ -401,14 +404,16 @@ def enqueue_options(options, now, between=None):
     after = options.get("run_after")
     if when is not None and after is not None:
         raise InvalidJob("give run_at or run_after, not both", "run_at")
+    asked = None
     if when is not None:
         when = run_at(when, now)
+        asked = options["run_at"].astimezone(UTC)  # run_at() has checked that it converts
     elif after is not None:
         if isinstance(after, datetime):
             raise InvalidJob(
                 "run_after is a delay (seconds or a timedelta); use run_at for a datetime", "run_after"
             )
-        when = now + timedelta(
+        when = asked = now + timedelta(
             seconds=seconds(after, "run_after", maximum=MAX_SCHEDULE_AHEAD.total_seconds(), allow_zero=True)
         )
     timeout = options.get("timeout")
@@ -433,6 +438,7 @@ def enqueue_options(options, now, between=None):
         ),
         "priority": priority(options.get("priority", 0) if options.get("priority") is not None else 0),
         "run_at": when,
+        "run_after": asked,
         "max_attempts": max_attempts(settings.DEFAULT_MAX_ATTEMPTS if attempts is None else attempts),
         "idempotency_key": idempotency_key(options.get("idempotency_key")),
         "concurrency_key": concurrency_key(options.get("concurrency_key")),
@@ -445,6 +451,17 @@ def enqueue_options(options, now, between=None):
         "backoff_max": backoff_max(options.get("backoff_max")),
         "backoff_jitter": backoff_jitter(options.get("backoff_jitter")),
     }
+
+
+def request_as(template, payload_value):
+    """A copy of the validated request ``template`` holding ``payload_value``, which is
+    validated here: for a caller that checked the other fields once for many jobs (the
+    django.tasks backend, per Task). As in request(), the frozen __init__ is skipped."""
+    value, encoded = payload_json({} if payload_value is None else payload_value)
+    req = object.__new__(EnqueueRequest)
+    req.__dict__.update(template.__dict__)
+    req.__dict__.update(payload=value, payload_json=encoded)
+    return req
 
 
 def batch_size(value, field="limit"):

@@ -25,7 +25,7 @@ from django.db.models import Q
 from queue_app.conf import settings
 from queue_app.engines import rows
 from queue_app.engines.leasing import ATTEMPTS, ID
-from queue_app.models import KindLimit, Pause, State
+from queue_app.models import EventType, KindLimit, Pause, State
 
 # Positions in an event row (rows.EVENT_GIVEN) an engine fills from the statement.
 EVENT_JOB, EVENT_ATTEMPT, EVENT_METADATA = 0, 3, 8
@@ -188,13 +188,18 @@ class Engine:
         exclude_queues=None,
         exclude_kinds=None,
         exclude_keys=None,
+        unless_gated=False,
     ):
         """Lease up to ``limit`` ready jobs to ``owner`` in lease order (leasing.py) and
         write ``event`` (its job id and attempt left None) for each, atomic together;
         return the leased rows (rows.JOB_COLUMNS, values as after the claim).
 
         ``exclude_keys`` leaves out jobs with those concurrency keys (jobs without a key
-        are never left out by it)."""
+        are never left out by it). ``unless_gated``: lease nothing and return None if
+        any pause or limit exists (GATED, read in the claim's own statement or
+        transaction, so exactly as if claim_gates() had been read just before): the
+        common case, nothing paused and nothing limited, then costs no statement of
+        its own."""
         raise NotImplementedError
 
     def complete_plain(self, done, owner, at_db, event):
@@ -211,8 +216,7 @@ class Engine:
         with self.connection.cursor() as cursor:
             cursor.execute(
                 f"SELECT scope, name FROM {Pause._meta.db_table}"
-                f" UNION ALL SELECT 'limit', kind FROM {KindLimit._meta.db_table}"
-                " WHERE concurrency IS NOT NULL OR rate_limit IS NOT NULL OR per_key IS NOT NULL"
+                f" UNION ALL SELECT 'limit', kind FROM {KindLimit._meta.db_table} WHERE {LIMITED}"
             )
             return cursor.fetchall()
 
@@ -243,6 +247,39 @@ class Engine:
     def wake_version(self):
         """Return a value that moves when another connection may have added work."""
         raise NotImplementedError(f"{self.vendor} has no wake-up version")
+
+    def commit_watch(self):
+        """Return a watch whose wait(timeout) returns early when another connection may
+        have committed (its close() ends it), or None: look every WakeUp.interval."""
+        return None
+
+    # The edges that make a job claimable at once: the news an idle worker waits for.
+    # Not a retry (its run_at is later: the poll finds it) and not the workers' own
+    # claims and acknowledgements.
+    READY_EVENTS = (
+        EventType.ENQUEUED,
+        EventType.REQUEUED,
+        EventType.RESCHEDULED,
+        EventType.RECOVERED,
+        EventType.RELEASED,
+    )
+
+    def ready_events_since(self, after):
+        """Return (the newest event id, whether an event newer than ``after`` made a job
+        claimable); ``after`` None: only the newest id. A primary-key range over the
+        events written since the last look, so it costs what was written, not the table."""
+        with self.connection.cursor() as cursor:
+            if after is None:
+                cursor.execute(f"SELECT MAX(id) FROM {rows.EVENT_TABLE}")
+                return cursor.fetchone()[0] or 0, False
+            types = [str(t) for t in self.READY_EVENTS]
+            cursor.execute(
+                f"SELECT MAX(id), MAX(CASE WHEN type IN ({', '.join(['%s'] * len(types))}) THEN id END)"
+                f" FROM {rows.EVENT_TABLE} WHERE id > %s",
+                [*types, after],
+            )
+            newest, ready = cursor.fetchone()
+            return newest or after, ready is not None
 
     # --- shared by the vendors without one-statement writes ----------------------------
 
@@ -277,6 +314,15 @@ def by_result(done):
         results.setdefault(json.dumps(result, sort_keys=True), (result, []))[1].append((job_id, attempt))
     return results
 
+
+# A KindLimit row that limits its kind (a row with every limit cleared does not).
+LIMITED = "concurrency IS NOT NULL OR rate_limit IS NOT NULL OR per_key IS NOT NULL"
+# SQL, true when a claim must go the long way (claim_gates(), flow.py): something is
+# paused or limited. Two reads of tables of a few rows (usually none).
+GATED = (
+    f"(EXISTS (SELECT 1 FROM {Pause._meta.db_table})"
+    f" OR EXISTS (SELECT 1 FROM {KindLimit._meta.db_table} WHERE {LIMITED}))"
+)
 
 # What a completion writes to each row (the result is a parameter).
 COMPLETED_SET = (

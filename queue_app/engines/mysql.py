@@ -1,7 +1,7 @@
 """MariaDB's engine (Django's "mysql" backend): short READ COMMITTED transactions (the
 project's setting), row locks with FOR UPDATE [SKIP LOCKED], and no UPDATE ... RETURNING,
 so a write locks what it may change, changes it by primary key, and knows the rows from
-the lock; idle workers watch the newest event id."""
+the lock; the supervisor watches the newest event id."""
 
 from datetime import timedelta
 
@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from queue_app.conf import settings
 from queue_app.engines import leasing, rows
-from queue_app.engines.base import COMPLETED_SET, NO_FOLLOW_UP, Engine, Fence, WakeUp, by_result
+from queue_app.engines.base import COMPLETED_SET, GATED, NO_FOLLOW_UP, Engine, Fence, WakeUp, by_result
 from queue_app.engines.leasing import (
     ATTEMPTS,
     CREATED,
@@ -47,13 +47,24 @@ class MariadbEngine(Engine):
         exclude_queues=None,
         exclude_kinds=None,
         exclude_keys=None,
+        unless_gated=False,
     ):
-        # A short READ COMMITTED transaction: the levels one MAX() seek at a time, one
-        # UNION of per-level seeks, the candidates ordered in Python (ordering.py's key),
-        # then SELECT ... FOR UPDATE SKIP LOCKED on only the best ``limit`` ids (topped up
-        # from the next ones when some were taken) and an UPDATE by primary key.
+        # The priority levels first, on their own: with none (an idle queue) or a gate
+        # (unless_gated, read by the same statement) the claim ends there, one round
+        # trip, without the three of a transaction (autocommit off, COMMIT, on again).
+        # Reading them before the transaction changes nothing: under READ COMMITTED
+        # each statement inside it would read afresh anyway. Then a short transaction:
+        # one UNION of per-level seeks, the candidates ordered in Python (ordering.py's
+        # key), SELECT ... FOR UPDATE SKIP LOCKED on only the best ``limit`` ids (topped
+        # up from the next ones when some were taken) and an UPDATE by primary key.
+        levels = self._levels(unless_gated)
+        if levels is None:
+            return None
+        if not levels:
+            return []
         with self.atomic():
             found = self._claim(
+                levels,
                 owner,
                 limit,
                 now,
@@ -69,32 +80,48 @@ class MariadbEngine(Engine):
                 rows.insert_events(self.connection, self._claimed_events(found, event))
         return found
 
+    def _levels(self, unless_gated):
+        """The priority levels that have pending jobs, highest first; None if gated."""
+        # MariaDB plans DISTINCT here as a scan of every pending row, and a recursive CTE
+        # re-runs its subquery unoptimised; a MAX() bounded on the index prefix is a single
+        # seek ("Select tables optimized away"), so walk the levels down by such seeks, two
+        # a statement (the second bounded by the first through a one-row derived table).
+        top = f"SELECT MAX(priority) AS p FROM {TABLE} WHERE state = 'pending'"
+        below = f"(SELECT MAX(k.priority) FROM {TABLE} k WHERE k.state = 'pending' AND k.priority < t.p)"
+        levels = []
+        with self.connection.cursor() as cursor:
+            while True:
+                if levels:
+                    cursor.execute(f"SELECT t.p, {below} FROM ({top} AND priority < %s) t", [levels[-1]])
+                else:
+                    gate = f", {GATED}" if unless_gated else ""
+                    cursor.execute(f"SELECT t.p, {below}{gate} FROM ({top}) t")
+                first, second, *gated = cursor.fetchone()
+                if gated and gated[0]:
+                    return None
+                levels += [p for p in (first, second) if p is not None]
+                if second is None:
+                    return levels
+
     def _claim(
-        self, owner, limit, now, expires, queues, kinds, aging_us, exclude_queues, exclude_kinds, exclude_keys
+        self,
+        levels,
+        owner,
+        limit,
+        now,
+        expires,
+        queues,
+        kinds,
+        aging_us,
+        exclude_queues,
+        exclude_kinds,
+        exclude_keys,
     ):
         connection = self.connection
         excl = leasing.excluded(exclude_queues, exclude_kinds, exclude_keys)
         scan = leasing.scan(limit)
         now_db = connection.ops.adapt_datetimefield_value(now)
         with connection.cursor() as cursor:
-            # MariaDB plans DISTINCT here as a scan of every pending row, and a recursive CTE
-            # re-runs its subquery unoptimised; a MAX() bounded on the index prefix is a single
-            # seek ("Select tables optimized away"), so walk the levels down one seek at a time.
-            levels = []
-            while True:
-                if levels:
-                    cursor.execute(
-                        f"SELECT MAX(priority) FROM {TABLE} WHERE state = 'pending' AND priority < %s",
-                        [levels[-1]],
-                    )
-                else:
-                    cursor.execute(f"SELECT MAX(priority) FROM {TABLE} WHERE state = 'pending'")
-                level = cursor.fetchone()[0]
-                if level is None:
-                    break
-                levels.append(level)
-            if not levels:
-                return []
             parts, params = [], []
             for level in levels:
                 for queue in queues or [None]:
@@ -175,8 +202,9 @@ class MariadbEngine(Engine):
         return held
 
     def wake_up(self):
-        # MariaDB has neither NOTIFY nor a data version, so an idle child reads the newest
-        # event id every MARIADB_WAKE_INTERVAL (wake_version).
+        # MariaDB has neither NOTIFY nor a data version, so the supervisor's watch reads
+        # the newest event id every MARIADB_WAKE_INTERVAL (wake_version) and, when it
+        # moved, whether one of the new events made a job claimable (ready_events_since).
         interval = settings.MARIADB_WAKE_INTERVAL
         return WakeUp(interval=float(interval)) if interval else None
 

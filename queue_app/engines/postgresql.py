@@ -1,6 +1,6 @@
 """PostgreSQL's engine: every hot write is one statement with its events (data-modifying
 CTEs), so it is atomic on its own and costs one round trip, with no BEGIN/COMMIT around
-it; bulk inserts go by COPY; idle workers LISTEN for the NOTIFY an enqueue sends."""
+it; bulk inserts go by COPY; the supervisor LISTENs for the NOTIFY an enqueue sends."""
 
 from contextlib import nullcontext
 from itertools import chain
@@ -12,6 +12,7 @@ from queue_app.engines.base import (
     EVENT_ATTEMPT,
     EVENT_JOB,
     EVENT_METADATA,
+    GATED,
     NO_FOLLOW_UP,
     Engine,
     Fence,
@@ -96,12 +97,17 @@ class PostgresEngine(Engine):
         exclude_queues=None,
         exclude_kinds=None,
         exclude_keys=None,
+        unless_gated=False,
     ):
         # One statement. The candidate and lock steps are MATERIALIZED CTEs so the planner
         # cannot fold them into the UPDATE and re-run the LIMIT per row (the reason Oban's
         # engine writes it this way). FOR UPDATE SKIP LOCKED sits after the sort, so each
         # claimer takes the best rows nobody else holds. The claimed events go in with the
         # claim (a data-modifying CTE over the leased rows): one round trip in all.
+        # unless_gated reads the pause and limit tables in the same statement (the gate
+        # CTE, one snapshot with the claim) and answers through a LEFT JOIN from it: one
+        # row (closed, NULLs) when nothing was leased, so "gated" and "nothing ready"
+        # are told apart without a second statement.
         excl = leasing.excluded(exclude_queues, exclude_kinds, exclude_keys)
         params = []
         queue_join = ""
@@ -126,8 +132,13 @@ class PostgresEngine(Engine):
         else:
             eff, eff_params = "j.priority", []
         select, event_params = rows.event_select(event, {EVENT_JOB: "id", EVENT_ATTEMPT: "attempts"})
+        gate, gate_cond, result = "", "", "SELECT * FROM leased"
+        if unless_gated:
+            gate = f"gate AS (SELECT {GATED} AS closed),"
+            gate_cond = "AND NOT (SELECT closed FROM gate)"
+            result = "SELECT gate.closed, leased.* FROM gate LEFT JOIN leased ON true"
         sql = f"""
-    WITH RECURSIVE levels(p) AS (
+    WITH RECURSIVE {gate} levels(p) AS (
         (SELECT priority FROM {TABLE} WHERE state = 'pending' ORDER BY priority DESC LIMIT 1)
         UNION ALL
         SELECT (SELECT j.priority FROM {TABLE} j
@@ -144,7 +155,7 @@ class PostgresEngine(Engine):
             ORDER BY j.run_at, j.created_at, j.id
             LIMIT %s
         ) c
-        WHERE l.p IS NOT NULL
+        WHERE l.p IS NOT NULL {gate_cond}
     ),
     picked AS MATERIALIZED (
         SELECT j.id FROM {TABLE} j
@@ -163,12 +174,17 @@ class PostgresEngine(Engine):
         RETURNING {rows.JOB_COLUMNS}
     ),
     logged AS (INSERT INTO {rows.EVENT_TABLE} ({rows.EVENT_COLUMNS}) SELECT {select} FROM leased)
-    SELECT * FROM leased
+    {result}
     """
         params = params + lateral_params + [now] + eff_params + [limit, owner, expires, now] + event_params
         with self.connection.cursor() as cursor:
             cursor.execute(sql, params)
-            return cursor.fetchall()
+            found = cursor.fetchall()
+        if not unless_gated:
+            return found
+        if found[0][0]:
+            return None
+        return [row[1:] for row in found if row[1] is not None]
 
     def complete_plain(self, done, owner, at_db, event):
         # One statement: the pairs as a VALUES list joined to the fence, the UPDATE and

@@ -1,10 +1,14 @@
 """SQLite's engine: one file, writers serialised by the database lock (the project opens
 every transaction IMMEDIATE), so no row locks are needed and none are taken; UPDATE ...
-RETURNING gives back what a write changed; idle workers watch PRAGMA data_version."""
+RETURNING gives back what a write changed; the supervisor watches PRAGMA data_version."""
+
+import ctypes
+import os
+import select
 
 from queue_app.conf import settings
 from queue_app.engines import leasing, rows
-from queue_app.engines.base import COMPLETED_SET, NO_FOLLOW_UP, Engine, Fence, WakeUp, by_result
+from queue_app.engines.base import COMPLETED_SET, GATED, NO_FOLLOW_UP, Engine, Fence, WakeUp, by_result
 from queue_app.engines.leasing import SET, TABLE, excluding, marks
 
 
@@ -31,6 +35,7 @@ class SqliteEngine(Engine):
         exclude_queues=None,
         exclude_kinds=None,
         exclude_keys=None,
+        unless_gated=False,
     ):
         # One UPDATE ... WHERE id IN (SELECT ... LIMIT n) RETURNING the rows inside an
         # IMMEDIATE transaction: writers are serialised by the database lock, so no row
@@ -38,6 +43,9 @@ class SqliteEngine(Engine):
         # The level seeks name their index (INDEXED BY jq_ready_prio): without statistics
         # SQLite prefers the equality on ``state`` of jq_job_state_kind_queue and sorts every
         # pending row for each level (10-20 ms per claim with 10,000 pending).
+        # unless_gated: NOT GATED guards the UPDATE, and only a claim that leased nothing
+        # asks whether that was the gate; inside the IMMEDIATE transaction no pause or
+        # limit can commit between the two, so the answer is the claim's own.
         connection = self.connection
         excl = leasing.excluded(exclude_queues, exclude_kinds, exclude_keys)
         now_db = connection.ops.adapt_datetimefield_value(now)
@@ -73,7 +81,7 @@ class SqliteEngine(Engine):
         FROM levels WHERE levels.p IS NOT NULL
     )
     UPDATE {TABLE} SET {SET}
-    WHERE id IN (
+    WHERE {"NOT " + GATED + " AND" if unless_gated else ""} id IN (
         SELECT j.id FROM {TABLE} j
         WHERE j.id IN (
             SELECT k.id FROM levels {queue_from}
@@ -103,6 +111,10 @@ class SqliteEngine(Engine):
             with connection.cursor() as cursor:
                 cursor.execute(sql, params)
                 found = cursor.fetchall()
+                if not found and unless_gated:
+                    cursor.execute(f"SELECT {GATED}")
+                    if cursor.fetchone()[0]:
+                        return None
             if found:
                 rows.insert_events(connection, self._claimed_events(found, event))
         return found
@@ -132,11 +144,12 @@ class SqliteEngine(Engine):
     def wake_up(self):
         # SQLite has no NOTIFY, but ``PRAGMA data_version`` changes whenever another
         # connection commits to the file, and reading it touches no table (it costs
-        # microseconds). So an idle child reads it every SQLITE_WAKE_INTERVAL and returns
-        # to claim as soon as it moved: enqueue-to-start latency is a few milliseconds
-        # instead of half the poll interval, while an idle queue still costs no claim
-        # queries. Any commit wakes it (heartbeats too); the claim that follows simply
-        # finds nothing.
+        # microseconds). So the supervisor's watch (worker/wakeup.py) reads it every
+        # SQLITE_WAKE_INTERVAL and, when it moved, the events written since
+        # (ready_events_since): enqueue-to-start latency is a few milliseconds instead of
+        # half the poll interval, while an idle queue still costs no claim queries. Any
+        # commit moves it (heartbeats, the workers' own claims); only an event that made
+        # a job claimable wakes a child.
         interval = settings.SQLITE_WAKE_INTERVAL
         return WakeUp(interval=float(interval)) if interval else None
 
@@ -146,3 +159,46 @@ class SqliteEngine(Engine):
         with self.connection.cursor() as cursor:
             cursor.execute("PRAGMA data_version")
             return cursor.fetchone()[0]
+
+    def commit_watch(self):
+        # A commit in WAL mode appends to the -wal file, and Linux tells a watcher of the
+        # file at once (inotify): the watch sleeps until then instead of looking at
+        # data_version every few milliseconds and finding the news 2.5 ms late on average.
+        # Any write wakes it (a checkpoint too); data_version says whether it was a
+        # commit. Without WAL, or off Linux: None, and the watch looks every interval.
+        name = self.connection.settings_dict["NAME"]
+        wal = f"{name}-wal"
+        if not os.path.exists(wal):
+            return None
+        try:
+            return _WalWatch(wal)
+        except OSError:
+            return None
+
+
+class _WalWatch:
+    """inotify on the -wal file: wait() returns when it is written, or after ``timeout``."""
+
+    IN_MODIFY = 0x2
+
+    def __init__(self, path):
+        libc = ctypes.CDLL(None, use_errno=True)
+        self.fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        if self.fd < 0:
+            raise OSError(ctypes.get_errno(), "inotify_init1")
+        if libc.inotify_add_watch(self.fd, os.fsencode(path), self.IN_MODIFY) < 0:
+            os.close(self.fd)
+            raise OSError(ctypes.get_errno(), "inotify_add_watch")
+
+    def wait(self, timeout):
+        ready, _, _ = select.select([self.fd], [], [], timeout)
+        if ready:
+            try:
+                while os.read(self.fd, 4096):
+                    pass
+            except BlockingIOError:
+                pass
+        return bool(ready)
+
+    def close(self):
+        os.close(self.fd)

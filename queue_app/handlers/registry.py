@@ -13,6 +13,7 @@ import sys
 from contextlib import contextmanager
 
 from django.apps import apps
+from django.core.signals import setting_changed
 from django.tasks import Task
 from django.utils.module_loading import import_string
 
@@ -85,6 +86,20 @@ def module_allowed(module_path):
     return any(module_path == entry or module_path.startswith(entry + ".") for entry in task_modules())
 
 
+# Kinds whose module path passed task_for()'s checks: a worker resolves the same few
+# kinds for every job, and the checks (the app configs, the project's packages) cost
+# more than running a no-op task. Forgotten when the settings they read change.
+_allowed_kinds = set()
+
+
+def _forget(*, setting, **kwargs):
+    if setting in ("JOBQUEUE", "INSTALLED_APPS", "ROOT_URLCONF"):
+        _allowed_kinds.clear()
+
+
+setting_changed.connect(_forget)
+
+
 def task_for(kind):
     """Return the django.tasks Task whose module path is ``kind``, or raise UnknownKind.
 
@@ -92,12 +107,16 @@ def task_for(kind):
     called. Only modules inside task_modules() are imported, never the standard library.
     """
     module_path, _, name = kind.rpartition(".")
-    if not module_path or not all(part.isidentifier() for part in kind.split(".")):
-        raise UnknownKind(kind)
-    if module_path.partition(".")[0] in sys.stdlib_module_names:
-        raise UnknownTask(kind, f"{module_path} is a standard-library module")
-    if not module_allowed(module_path):
-        raise UnknownTask(kind, f"{module_path} is outside the TASK_MODULES setting")
+    if kind not in _allowed_kinds:
+        if not module_path or not all(part.isidentifier() for part in kind.split(".")):
+            raise UnknownKind(kind)
+        if module_path.partition(".")[0] in sys.stdlib_module_names:
+            raise UnknownTask(kind, f"{module_path} is a standard-library module")
+        if not module_allowed(module_path):
+            raise UnknownTask(kind, f"{module_path} is outside the TASK_MODULES setting")
+        if len(_allowed_kinds) >= 1024:
+            _allowed_kinds.clear()
+        _allowed_kinds.add(kind)
     try:
         module = importlib.import_module(module_path)
     except (Exception, SystemExit) as exc:

@@ -37,6 +37,7 @@ from asgiref.sync import sync_to_async
 from django.apps import apps
 from django.conf import settings as django_settings
 from django.core import checks
+from django.core.signals import setting_changed
 from django.db import router, transaction
 from django.tasks import DEFAULT_TASK_QUEUE_NAME, Task
 from django.tasks.backends.base import BaseTaskBackend
@@ -46,7 +47,7 @@ from django.utils import timezone
 from django.utils.json import normalize_json
 
 from queue_app.conf import settings
-from queue_app.core import enqueueing, validation, webhooks
+from queue_app.core import transitions, validation, webhooks
 from queue_app.exceptions import InvalidJob, UnknownKind
 from queue_app.handlers import registry
 from queue_app.models import KIND_MAX_LENGTH, QUEUE_NAME_MAX_LENGTH, Job
@@ -241,10 +242,28 @@ def _invalid(exc):
     return InvalidTask(str(exc))
 
 
+# (backend alias, task) -> the validated EnqueueRequest its jobs start from (its payload
+# replaced per call). validate_task (inspect.signature, the follow-up templates) and the
+# enqueue options cost as much as the rest of an enqueue in Python, and a Task is frozen:
+# they are checked on its first enqueue and again only when the settings change. Not for
+# a task with a run_after: its run_at depends on the moment of the call.
+_REQUESTS = {}
+_REQUESTS_MAX = 1024
+
+
+def _forget(*, setting, **kwargs):
+    if setting in ("TASKS", "JOBQUEUE"):
+        _REQUESTS.clear()
+
+
+setting_changed.connect(_forget)
+
+
 class DatabaseBackend(BaseTaskBackend):
     task_class = QueueTask
 
-    # run_after becomes the job's run_at: no worker leases it earlier.
+    # run_after becomes the job's run_at (no worker leases it earlier) and is kept as
+    # given on Job.run_after, which get_result() reads back.
     supports_defer = True
     # Workers run ``async def`` tasks on an event loop per worker thread: --threads N
     # runs N at once per child (README "Using django.tasks" says why not one shared loop).
@@ -320,26 +339,39 @@ class DatabaseBackend(BaseTaskBackend):
 
     def enqueue(self, task, args, kwargs):
         """Queue up a task to be executed."""
-        self.validate_task(task)
+        key = (self.alias, task) if task.run_after is None else None
+        try:
+            template = _REQUESTS.get(key)
+        except TypeError:  # a task holding a dict (a follow-up template): checked each time
+            key = template = None
+        if template is None:
+            self.validate_task(task)
         try:
             payload = {"args": normalize_json(list(args)), "kwargs": normalize_json(dict(kwargs))}
         except (TypeError, ValueError) as exc:
             raise TypeError(f"{task.module_path}: task arguments must be JSON-serializable ({exc})") from None
+        database = self.database
         try:
-            job = enqueueing.enqueue(
-                task.module_path, payload, using=self.database, **self._job_options(task)
-            )
+            if template is None:
+                req = validation.enqueue_request(task.module_path, payload, **self._job_options(task))
+                if key is not None:
+                    if len(_REQUESTS) >= _REQUESTS_MAX:
+                        _REQUESTS.clear()
+                    _REQUESTS[key] = req
+            else:
+                req = validation.request_as(template, payload)
+            job, created = transitions.enqueue(req, using=database)
         except InvalidJob as exc:
             if exc.field == "payload":
                 raise
             raise _invalid(exc) from None
-        if not job.was_created:
+        if not created:
             # The idempotency key matched a live job: report that job, as it stands.
             return self.get_result(job.id)
         result = task_results.pending(job, task, self.alias)
         # Workers see the job only when the caller's transaction commits, so receivers
         # hear about it then (at once outside a transaction; never after a rollback).
-        transaction.on_commit(lambda: task_enqueued.send(type(self), task_result=result), using=self.database)
+        transaction.on_commit(lambda: task_enqueued.send(type(self), task_result=result), using=database)
         return result
 
     async def aenqueue(self, task, args, kwargs):

@@ -4,12 +4,16 @@ A result's history comes from the job's Event rows: each ``claimed`` event is an
 attempt (a ``released`` one gives it back), each ``failed``, ``dead_lettered`` or
 ``recovered`` event is one failed attempt and becomes one TaskError. The history
 spans operator requeues, so ``attempt`` keeps counting after one.
+
+A worker does not read that history for a job's first attempt (running()): the claim
+that leased it is its only history event, and the row holds the rest.
 """
 
 import builtins
 import logging
 from dataclasses import replace
 
+from django.core.signals import setting_changed
 from django.db import router
 from django.tasks import TaskResult, TaskResultStatus
 from django.tasks.base import TaskError
@@ -78,12 +82,39 @@ def _history(job):
     return list(Event.objects.using(_db(job)).filter(job_id=job.id, type__in=HISTORY_EVENTS).order_by("id"))
 
 
+# (task, alias, priority, queue_name, run_after) -> the task as such a job holds it.
+# replace() runs the backend's validate_task (inspect.signature among its checks), which
+# cost more than the rest of a TaskResult; the answer changes only with the settings.
+_JOB_TASKS = {}
+_JOB_TASKS_MAX = 1024
+
+
 def _task_for_job(task, job, alias):
-    """The task as this job holds it: the row's priority and queue, read through ``alias``.
+    """The task as this job holds it: the row's priority, queue and run_after, read
+    through ``alias``.
 
     The row's budget and timeout stay on the row (Job.max_attempts, Job.timeout).
     """
-    changes = {"backend": alias, "priority": job.priority, "queue_name": job.queue_name}
+    key = (task, alias, job.priority, job.queue_name, job.run_after)
+    try:
+        return _JOB_TASKS[key]
+    except KeyError:
+        pass
+    except TypeError:  # a task holding a dict (a follow-up template): nothing to key it by
+        return _replaced(task, job, alias)
+    if len(_JOB_TASKS) >= _JOB_TASKS_MAX:
+        _JOB_TASKS.clear()
+    found = _JOB_TASKS[key] = _replaced(task, job, alias)
+    return found
+
+
+def _replaced(task, job, alias):
+    changes = {
+        "backend": alias,
+        "priority": job.priority,
+        "queue_name": job.queue_name,
+        "run_after": job.run_after,
+    }
     for attempt in (changes, {"backend": alias}):
         try:
             return replace(task, **attempt)
@@ -91,6 +122,14 @@ def _task_for_job(task, job, alias):
             # Rows an operator edited (a queue this backend does not list) still read.
             continue
     return task
+
+
+def _forget(*, setting, **kwargs):
+    if setting in ("TASKS", "JOBQUEUE"):
+        _JOB_TASKS.clear()
+
+
+setting_changed.connect(_forget)
 
 
 def from_job(job, task, alias, events=None):
@@ -107,11 +146,14 @@ def from_job(job, task, alias, events=None):
             attempted.pop()
         elif event.type in ERROR_EVENTS:
             errors.append(task_error(event.metadata.get("error")))
+    return _result(job, task, alias, STATUS[job.state], attempted, worker_ids, errors)
+
+
+def _result(job, task, alias, status, attempted, worker_ids, errors):
     try:
         args, kwargs = arguments(job)
     except TypeError:
         args, kwargs = [], {}  # an edited payload the worker will refuse; still report the job
-    status = STATUS[job.state]
     finished = status in (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED)
     result = TaskResult(
         task=_task_for_job(task, job, alias),
@@ -130,6 +172,51 @@ def from_job(job, task, alias, events=None):
     if job.state == State.COMPLETED:
         object.__setattr__(result, "_return_value", job.result)
     return result
+
+
+def running(job, task, alias):
+    """The TaskResult of a Task job this worker has just claimed, as get_result() reads it.
+
+    A claim that set the row's started_at is the job's first ever (claimed_at: when the
+    worker's claim leased it, execution.claimed()): every claim sets started_at if it is
+    empty, a failure or recovery needs a claim before it, and release and requeue never
+    clear it. With attempts at 1 as well, that claim is the whole history, so the result
+    comes off the row with no query. Any other job reads its Event rows: it was retried,
+    recovered, released or requeued, so it has paid a failure or an operator's action
+    already. Storing earlier errors on the row instead (a list appended by fail and
+    recover) would be a second copy of the event log for every write path to keep in
+    step, and still not hold the earlier attempts' workers and times (worker_ids,
+    started_at).
+    """
+    claimed_at = getattr(job, "claimed_at", None)
+    if claimed_at is not None and job.attempts == 1 and job.started_at == claimed_at:
+        return _result(job, task, alias, TaskResultStatus.RUNNING, [job.started_at], [job.lease_owner], [])
+    return from_job(job, task, alias)
+
+
+def succeeded(result, finished_at, value):
+    """``result`` (a running attempt's, from running()) once the attempt completed at
+    ``finished_at`` with ``value``: what get_result() reads after the commit.
+
+    Exact because the completion was fenced by owner and attempt: nothing else was
+    written to the job's history between the claim and it."""
+    # Built whole rather than by dataclasses.replace(), which costs twice as much.
+    done = TaskResult(
+        task=result.task,
+        id=result.id,
+        status=TaskResultStatus.SUCCESSFUL,
+        enqueued_at=result.enqueued_at,
+        started_at=result.started_at,
+        finished_at=finished_at,
+        last_attempted_at=result.last_attempted_at,
+        args=result.args,
+        kwargs=result.kwargs,
+        backend=result.backend,
+        errors=list(result.errors),
+        worker_ids=list(result.worker_ids),
+    )
+    object.__setattr__(done, "_return_value", value)
+    return done
 
 
 def pending(job, task, alias):

@@ -3,9 +3,11 @@ the TaskContext it is given. The worker (execution.py, supervisor.py) calls thes
 backend never does.
 """
 
+import contextlib
 import inspect
 import logging
 
+from django.core.signals import setting_changed
 from django.db import router
 from django.tasks import task_backends
 from django.tasks.signals import task_finished, task_started
@@ -14,16 +16,30 @@ from django.utils.json import normalize_json
 from queue_app.exceptions import UnknownKind, UnstorableResult
 from queue_app.handlers import context as running
 from queue_app.handlers import registry
-from queue_app.models import Job
+from queue_app.models import Job, State
+from queue_app.tasks import results
 from queue_app.tasks.backend import DatabaseBackend
-from queue_app.tasks.results import _db, arguments, from_job
+from queue_app.tasks.results import _db, arguments
 
 log = logging.getLogger("queue_app")
 
 
 def _backend_for(task, db):
     """The (alias, backend class) that owns jobs in ``db``; the task's own backend first."""
-    candidates = [task.backend] + [alias for alias in task_backends.settings if alias != task.backend]
+    key = (task.backend, db)
+    found = _BACKENDS.get(key)
+    if found is None:
+        found = _BACKENDS[key] = _find_backend(task.backend, db)
+    return found
+
+
+# (task's backend alias, database) -> _find_backend's answer, asked for every job run;
+# it changes only with the settings.
+_BACKENDS = {}
+
+
+def _find_backend(first, db):
+    candidates = [first] + [alias for alias in task_backends.settings if alias != first]
     for alias in candidates:
         try:
             backend = task_backends[alias]
@@ -31,23 +47,35 @@ def _backend_for(task, db):
             continue
         if isinstance(backend, DatabaseBackend) and backend.database == db:
             return alias, type(backend)
-    return task.backend, DatabaseBackend
+    return first, DatabaseBackend
 
 
-def run(job, task):
+def _forget(*, setting, **kwargs):
+    if setting in ("TASKS", "DATABASES", "DATABASE_ROUTERS"):
+        _BACKENDS.clear()
+
+
+setting_changed.connect(_forget)
+
+
+def run(job, task, *, aside=contextlib.nullcontext):
     """Run a claimed Task job: fire task_started and call its function.
 
-    task_finished is not sent here but by finished(), once the caller has recorded the
-    outcome, so it carries the status the row really has. ``job`` remembers that its
-    task started, for finished() to know.
+    task_finished is not sent here but by finished() or acknowledged(), once the caller
+    has recorded the outcome, so it carries the status the row really has. ``job``
+    remembers that its task started, and as what, for them to know. task_started is
+    sent inside ``aside()``: the worker keeps what its receivers log (Django's own
+    "Task ... state=RUNNING" line) out of the output it stores with the attempt, which
+    is the function's.
     """
     args, kwargs = arguments(job)
     if "parent" in job.payload and "parent" not in kwargs and _takes_parent(task):
         kwargs = {**kwargs, "parent": job.payload["parent"]}
     alias, sender = _backend_for(task, _db(job))
-    result = from_job(job, task, alias)
-    task_started.send(sender=sender, task_result=result)
-    job._task_started = (task, alias, sender)
+    result = results.running(job, task, alias)
+    with aside():
+        task_started.send(sender=sender, task_result=result)
+    job._task_started = (task, alias, sender, result)
     if task.takes_context:
         # Django's TaskContext plus cancelled() / progress() / set_metadata().
         value = task.call(running.JobTaskContext(task_result=result), *args, **kwargs)
@@ -73,10 +101,34 @@ def finished(job, *, state=None, using=None):
 
     Call it inside the exception handler when the attempt raised, so receivers (and
     Django's logger) see exc_info. Nothing is sent for a job run() did not start.
+    ``state`` None: this worker's write found the lease lost (see _send_finished).
     """
     started = job.__dict__.pop("_task_started", None)
     if started is not None:
-        _send_finished(job.id, *started, state=state, using=using or _db(job))
+        task, alias, sender, _ = started
+        _send_finished(job.id, task, alias, sender, state=state, lost=state is None, using=using or _db(job))
+
+
+def acknowledged(done, completed, finished_at, *, using=None):
+    """Send task_finished, in order, for the Task jobs of a batched acknowledgement
+    that has committed. ``done`` is [(job, result)], ``completed`` the ids the
+    acknowledgement completed (at ``finished_at``); the others' leases were lost.
+
+    A completed job's TaskResult is its running one (run()) plus the outcome: no query.
+    Any error here is logged, never raised: the acknowledgement has committed, and the
+    caller's claim must not be taken for failed."""
+    for job, value in done:
+        started = job.__dict__.pop("_task_started", None)
+        if started is None:
+            continue
+        task, alias, sender, result = started
+        try:
+            if job.id in completed:
+                _send(sender, job.id, results.succeeded(result, finished_at, value))
+            else:
+                _send_finished(job.id, task, alias, sender, lost=True, using=using or _db(job))
+        except Exception:
+            log.exception("task_finished failed for job %s", job.id)
 
 
 def finished_elsewhere(job_id, *, using=None):
@@ -96,7 +148,7 @@ def finished_elsewhere(job_id, *, using=None):
     return True
 
 
-def _send_finished(job_id, task, alias, sender, *, state=None, using):
+def _send_finished(job_id, task, alias, sender, *, state=None, lost=False, using):
     job = Job.objects.using(using).filter(id=job_id).first()
     if job is None:  # pruned meanwhile: nothing to report
         return
@@ -104,9 +156,20 @@ def _send_finished(job_id, task, alias, sender, *, state=None, using):
         # The state this attempt's outcome wrote: a retry may already have been claimed
         # by another thread, and its RUNNING must not stand in for this attempt's READY.
         job.state = state
+    elif lost and job.state not in LOST_REPORTS:
+        # This worker's write found the lease lost: the attempt did not succeed, and a
+        # row now leased or completed is another attempt's, which reports itself.
+        return
+    _send(sender, job_id, results.from_job(job, task, alias))
+
+
+# What a row may say to be reported for an attempt whose lease was lost: the verdict of
+# whatever took it back (recovery: a LeaseExpired failure, retried or dead-lettered).
+LOST_REPORTS = (State.PENDING, State.DEAD_LETTER, State.CANCELLED)
+
+
+def _send(sender, job_id, result):
     # The outcome is already recorded; a receiver's error must not look like the task's.
-    for receiver, response in task_finished.send_robust(
-        sender=sender, task_result=from_job(job, task, alias)
-    ):
+    for receiver, response in task_finished.send_robust(sender=sender, task_result=result):
         if isinstance(response, Exception):
             log.error("task_finished receiver %r failed for job %s", receiver, job_id, exc_info=response)

@@ -12,6 +12,8 @@ import socket
 import traceback
 import uuid
 
+from django.utils import timezone
+
 from queue_app.core import events, transitions, validation
 from queue_app.exceptions import UnknownKind, UnstorableResult
 from queue_app.handlers import context as running
@@ -52,8 +54,9 @@ HANDLER_ERRORS = (Exception, SystemExit, KeyboardInterrupt)
 
 def _call(func, job):
     if registry.is_task(func):
-        # A django.tasks function: args/kwargs, TaskContext and Django's task signals.
-        return task_running.run(job, func)
+        # A django.tasks function: args/kwargs, TaskContext and Django's task signals;
+        # what task_started's receivers log goes to a capture of its own, not the job's.
+        return task_running.run(job, func, aside=capture.Capture)
     result = func(job.payload, job=job) if registry.wants_job(func) else func(job.payload)
     if inspect.isawaitable(result):
         result = asyncio.run(_await(result))
@@ -93,20 +96,8 @@ def execute(job, worker_id, *, abort_probe=None, using=None):
     output = capture.Capture()  # what the handler prints goes with the attempt's event
     try:
         result = attempt(job, worker_id, output, abort_probe=abort_probe)
-    except running.Aborted as exc:
-        return _settled(job, aborted(job, worker_id, exc, using=using), using)
     except HANDLER_ERRORS as exc:
-        error, retry = failure(job, exc)
-        state = transitions.fail(
-            job.id,
-            worker_id=worker_id,
-            attempt=job.attempts,
-            error=error,
-            retry=retry,
-            output=output.value(),
-            using=using,
-        )
-        return _settled(job, state, using)
+        return settle_failure(job, worker_id, exc, output, using=using)
     done = transitions.complete(
         job.id,
         worker_id=worker_id,
@@ -118,6 +109,25 @@ def execute(job, worker_id, *, abort_probe=None, using=None):
     return _settled(job, "completed" if done else None, using)
 
 
+def settle_failure(job, worker_id, exc, output, *, using=None):
+    """Record an attempt that raised ``exc`` (or was aborted); return the new state
+    (None if the lease was lost). Call it in the except block: task_finished goes out
+    here for a django.tasks job, and Django's logger wants exc_info."""
+    if isinstance(exc, running.Aborted):
+        return _settled(job, aborted(job, worker_id, exc, using=using), using)
+    error, retry = failure(job, exc)
+    state = transitions.fail(
+        job.id,
+        worker_id=worker_id,
+        attempt=job.attempts,
+        error=error,
+        retry=retry,
+        output=output.value(),
+        using=using,
+    )
+    return _settled(job, state, using)
+
+
 def _settled(job, state, using):
     """Return ``state`` once Django's task_finished went out for a django.tasks job: after
     the outcome is recorded, and inside the caller's exception handler if it failed."""
@@ -125,15 +135,20 @@ def _settled(job, state, using):
     return state
 
 
-def settles_alone(job):
-    """Whether the worker must settle ``job`` through execute() rather than a batched ack:
-    a django.tasks job's task_finished waits for its outcome to be recorded."""
-    try:
-        return registry.is_task(registry.get(job.kind))
-    except Exception:
-        # Unknown, or its module fails to import: call_handler() meets the same error
-        # and fails the attempt through the usual path.
-        return False
+def acknowledged(done, completed, finished_at):
+    """After a batched acknowledgement committed (complete_many at ``finished_at``,
+    ``completed`` the ids it completed): task_finished for the django.tasks jobs of
+    ``done`` [(job, result)], in order."""
+    task_running.acknowledged(done, completed, finished_at)
+
+
+def claimed(jobs, now):
+    """Note on each of ``jobs`` that a claim at ``now`` leased it (Job.claimed_at, the
+    time of its claimed event): a django.tasks job's first attempt then reads its
+    TaskResult off the row (tasks.results.running). Return ``jobs``."""
+    for job in jobs:
+        job.claimed_at = now
+    return jobs
 
 
 def aborted(job, worker_id, exc, *, using=None):
@@ -154,7 +169,11 @@ def aborted(job, worker_id, exc, *, using=None):
 def run_one(*, worker_id=None, queues=None, kinds=None, using=None, **claim_options):
     """Claim, run and settle one ready job; return it refreshed, or None if none was ready."""
     worker_id = worker_id or default_worker_id()
-    jobs = transitions.claim(worker_id, limit=1, queues=queues, kinds=kinds, using=using, **claim_options)
+    now = claim_options.pop("now", None) or timezone.now()
+    jobs = transitions.claim(
+        worker_id, limit=1, queues=queues, kinds=kinds, now=now, using=using, **claim_options
+    )
+    claimed(jobs, now)
     if not jobs:
         return None
     job = jobs[0]

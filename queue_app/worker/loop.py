@@ -22,10 +22,10 @@ from collections import deque
 from dataclasses import dataclass
 
 from django.db import close_old_connections, connection, connections
+from django.utils import timezone
 
 from queue_app.conf import settings
 from queue_app.core import transitions
-from queue_app.handlers import context as running
 from queue_app.worker import capture, execution
 from queue_app.worker.wakeup import Waiter
 
@@ -104,7 +104,8 @@ def _claim_options(options, limit):
 
 
 def _claim(options, owner, limit):
-    return transitions.claim(owner, **_claim_options(options, limit))
+    now = timezone.now()
+    return execution.claimed(transitions.claim(owner, now=now, **_claim_options(options, limit)), now)
 
 
 class Loop:
@@ -135,7 +136,7 @@ class Loop:
         signal.signal(signal.SIGTERM, lambda *_: self.stopping.set())
         # Ctrl-C reaches the whole process group; the supervisor decides what it means.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        self.waiter = Waiter.for_connection(self.options)
+        self.waiter = Waiter.for_connection(self.options, self.slots.wakeups)
         threading.Thread(target=self._flusher, name="jq-acks", daemon=True).start()
         try:
             if self.options.threads == 1:
@@ -172,6 +173,11 @@ class Loop:
             while not self.stopping.is_set():
                 if self.buffer:
                     return self.buffer.popleft()
+                if self.waiter.wait_first and not self.budget.spent:
+                    # The last claim came back short: claim again on news (wakeup.py).
+                    self._flush_acks()
+                    self.waiter.wait(self.options.poll, self.stopping)
+                    continue
                 limit = self.budget.take(self.options.batch)
                 if not limit:
                     self._flush_acks()
@@ -194,6 +200,7 @@ class Loop:
                     connection.close()
                     jobs = []
                 self.budget.give_back(limit - len(jobs))
+                self.waiter.claimed(len(jobs), limit)
                 if jobs:
                     with self.cell_lock:
                         for job in jobs:
@@ -225,10 +232,7 @@ class Loop:
         # The supervisor flags an abort request in this thread's cell (aborting.py).
         probe = functools.partial(self.slots.abort_requested, i, job.id)
         try:
-            if not execution.settles_alone(job):
-                self._execute_batched(job, probe)
-            else:
-                execution.execute(job, self.owner, abort_probe=probe)
+            self._execute_batched(job, probe)
         except Exception:
             # Settling failed (database gone?): the lease lapses and recovery takes it back.
             log.exception("could not settle id=%s worker=%s", job.id, self.owner)
@@ -260,29 +264,20 @@ class Loop:
     def _execute_batched(self, job, abort_probe=None):
         """execution.execute(), except that a success is acknowledged with others in one
         transaction (complete_many). A job is never reported done before its handler
-        returned; a crash before the flush means those jobs run again (at-least-once)."""
+        returned; a crash before the flush means those jobs run again (at-least-once).
+        A django.tasks job's task_finished waits for that commit (_acknowledge); a failure
+        is settled at once, inside its exception handler, as execute() does."""
         output = capture.Capture()  # as execute(): per thread, kept with the attempt
         try:
             result = execution.attempt(job, self.owner, output, abort_probe=abort_probe)
-        except running.Aborted as exc:
-            execution.aborted(job, self.owner, exc)
-            return
         except execution.HANDLER_ERRORS as exc:
-            error, retry = execution.failure(job, exc)
-            transitions.fail(
-                job.id,
-                worker_id=self.owner,
-                attempt=job.attempts,
-                error=error,
-                retry=retry,
-                output=output.value(),
-            )
+            execution.settle_failure(job, self.owner, exc, output)
             return
         with self.ack_lock:
             if not self.acks:
                 self.acks_since = time.monotonic()
             cell = self.slots.hold_ack(job.id, job.attempts)
-            self.acks.append((job.id, job.attempts, result, cell, output.value()))
+            self.acks.append((job.id, job.attempts, result, cell, output.value(), job))
             due = len(self.acks) >= self.options.batch or time.monotonic() - self.acks_since > ACK_DELAY
         # With nothing left in the buffer this thread's next step is a claim, which takes
         # the acknowledgement along (_settle_and_claim); the flusher bounds the wait if
@@ -317,12 +312,17 @@ class Loop:
                 self.slots.drop_acks([a[3] for a in acks])
 
     def _acknowledge(self, acks):
+        now = timezone.now()
         try:
-            transitions.complete_many([(*a[:3], a[4]) for a in acks], worker_id=self.owner)
+            completed = transitions.complete_many(
+                [(*a[:3], a[4]) for a in acks], worker_id=self.owner, now=now
+            )
         except Exception:
             # The leases lapse and recovery hands the jobs out again: at-least-once.
             log.exception("could not acknowledge %s jobs worker=%s", len(acks), self.owner)
             connection.close()
+            return
+        execution.acknowledged([(a[5], a[2]) for a in acks], completed, now)
 
     def _settle_and_claim(self, limit):
         """Claim up to ``limit`` jobs, acknowledging the finished ones in the same
@@ -332,11 +332,16 @@ class Loop:
                 acks, self.acks = self.acks, []
             if not acks:
                 return _claim(self.options, self.owner, limit)
+            # One instant for both: the acknowledged jobs' finished_at and the claimed
+            # ones' claimed_at, which their TaskResults are built from.
+            now = timezone.now()
             try:
-                _, jobs = transitions.complete_and_claim(
-                    [(*a[:3], a[4]) for a in acks], self.owner, **_claim_options(self.options, limit)
+                completed, jobs = transitions.complete_and_claim(
+                    [(*a[:3], a[4]) for a in acks],
+                    self.owner,
+                    now=now,
+                    **_claim_options(self.options, limit),
                 )
-                return jobs
             except Exception:
                 # Both rolled back: acknowledge on their own, and let the caller's retry
                 # path deal with the claim.
@@ -346,6 +351,8 @@ class Loop:
             finally:
                 with self.ack_lock:
                     self.slots.drop_acks([a[3] for a in acks])
+            execution.acknowledged([(a[5], a[2]) for a in acks], completed, now)
+            return execution.claimed(jobs, now)
 
     def _release_buffer(self):
         self._flush_acks()

@@ -1,6 +1,6 @@
 """Memory a runworker supervisor shares with its forked children (created before the
 fork): what each child is running, which finished jobs await their batched
-acknowledgement, and the --max-jobs budget."""
+acknowledgement, the --max-jobs budget, and the wake-ups handed to idle children."""
 
 import ctypes
 import time
@@ -24,8 +24,10 @@ class Slots:
 
     WIDTH = 5
 
-    def __init__(self, threads, acks=0, buffered=0):
+    def __init__(self, threads, acks=0, buffered=0, wakeups=None):
         self.threads = threads
+        # The supervisor's WakeUps, shared by all its children (None: each child polls).
+        self.wakeups = wakeups
         self.ack_base = threads * self.WIDTH + 2
         self.buffer_base = self.ack_base + 2 * acks
         self.cells = RawArray(ctypes.c_double, self.buffer_base + 3 * buffered)
@@ -169,3 +171,31 @@ class Budget:
     @property
     def spent(self):
         return self.max_jobs is not None and self.claimed.value >= self.max_jobs
+
+
+class WakeUps:
+    """Wake-ups the supervisor hands to its idle children (wakeup.py), created before
+    the fork: a semaphore each idle child waits on, so one wake-up wakes one child
+    (the kernel picks a waiter), not every child at once.
+
+    At most one wake-up is held for a child that is not waiting yet: news of work that
+    arrives while every child is busy is not lost (the first child to wait takes it and
+    claims), and a flurry of it costs one claim, not one per notification. A child that
+    claims a full batch passes a wake-up on (there may be more)."""
+
+    def __init__(self, ctx):
+        self.semaphore = ctx.Semaphore(0)
+
+    def post(self):
+        # Not atomic with the release: two posters may both see 0 and leave 2, which
+        # costs one empty claim at most.
+        if self.semaphore.get_value() < 1:
+            self.semaphore.release()
+
+    def pending(self):
+        """Whether a wake-up waits for a child to take it."""
+        return self.semaphore.get_value() > 0
+
+    def take(self, timeout):
+        """Wait up to ``timeout`` seconds for a wake-up; return whether one came."""
+        return self.semaphore.acquire(timeout=max(0.0, timeout))

@@ -16,6 +16,10 @@ what only a process that outlives them can do.
   (it gave up on it) is not renewed: its lease lapses and recovery takes it back with
   its attempt spent. It also stamps the registry row, where it reads stop requests.
 - Recovery of expired leases at start and every recovery interval.
+- Wake-ups (wakeup.py): one watch for new work (LISTEN, or a look at the database every
+  few milliseconds) on a thread of its own, so the 50 ms tick never blocks on it; each
+  piece of news wakes one idle child, not all of them. The watch pauses around every
+  fork: a child inherits neither its thread's locks nor its connection.
 - Shutdown: the first SIGTERM/SIGINT (or a stop request) tells the children to stop
   leasing and finish; after the grace period the children are killed: a job still
   running fails (its attempt spent, so a job longer than the grace cannot run forever
@@ -43,8 +47,9 @@ from queue_app.core import aborting, events, flow, transitions
 from queue_app.tasks import running as task_running
 from queue_app.worker import registry as workers
 from queue_app.worker import schedules as scheduling
+from queue_app.worker import wakeup
 from queue_app.worker.loop import Options, child_main
-from queue_app.worker.slots import Budget, Slots
+from queue_app.worker.slots import Budget, Slots, WakeUps
 
 log = logging.getLogger("queue_app")
 
@@ -100,6 +105,8 @@ class Supervisor:
         self.options = options
         self.ctx = multiprocessing.get_context("fork")
         self.budget = Budget(self.ctx, options.max_jobs)
+        self.wakeups = WakeUps(self.ctx)
+        self.watcher = None
         self.children = {}  # pid -> Child
         self.generations = [0] * options.concurrency
         self.signals = 0
@@ -120,6 +127,8 @@ class Supervisor:
                 return 0
             return self._run()
         finally:
+            if self.watcher is not None:
+                self.watcher.stop()
             for s, handler in previous.items():
                 signal.signal(s, handler)
             connections.close_all()
@@ -179,8 +188,10 @@ class Supervisor:
         self._guard(flow.sync_limits)
         self._guard(scheduling.sync_schedules)
         next_schedule = time.monotonic()
-        for slot in range(o.concurrency):
-            self._spawn(slot)
+        self.watcher = self._guard(wakeup.Watcher.for_connection, o, self.wakeups)
+        with self._forking():
+            for slot in range(o.concurrency):
+                self._spawn(slot)
         next_beat = time.monotonic() + o.heartbeat
         next_recovery = time.monotonic() + o.recovery_interval
         next_stop_check = time.monotonic() + STOP_CHECK
@@ -266,15 +277,21 @@ class Supervisor:
         # as many wait for the one flush in flight to commit (worker.Loop.flush_lock).
         acks = 2 * (self.options.batch + self.options.threads)
         # A child claims at most `batch` at a time, and only into an empty buffer.
-        slots = Slots(self.options.threads, acks, buffered=self.options.batch)
-        # No socket or SQLite handle may be shared across the fork.
-        connections.close_all()
-        parent = os.getpid()
-        pid = os.fork()
-        if pid == 0:
-            child_main(self.options, owner, slots, self.budget, parent)
+        wakeups = self.wakeups if self.watcher is not None else None
+        slots = Slots(self.options.threads, acks, buffered=self.options.batch, wakeups=wakeups)
+        with self._forking():
+            # No socket or SQLite handle may be shared across the fork.
+            connections.close_all()
+            parent = os.getpid()
+            pid = os.fork()
+            if pid == 0:
+                child_main(self.options, owner, slots, self.budget, parent)
         self.children[pid] = Child(slot, gen, owner, slots, pid)
         log.debug("spawned child pid=%s owner=%s", pid, owner)
+
+    def _forking(self):
+        """The watch paused (wakeup.Watcher.paused) around forks, if there is one."""
+        return self.watcher.paused() if self.watcher is not None else contextlib.nullcontext()
 
     def _owner_prefix(self):
         return workers.owner_prefix(self.options.name, self.run_token)
@@ -306,13 +323,15 @@ class Supervisor:
             log.warning(
                 "unacknowledged id=%s attempt=%s worker=%s: child %s", job_id, attempt, child.owner, how
             )
-            self._guard(
+            if self._guard(
                 transitions.fail,
                 job_id,
                 worker_id=child.owner,
                 attempt=attempt,
                 error=_crash_error(how, finished=True),
-            )
+            ):
+                # A django.tasks job rides the batched acks too: its task_finished is sent here.
+                self._guard(task_running.finished_elsewhere, job_id)
 
     def _reap(self):
         while self.children:

@@ -54,7 +54,10 @@ def _assert_seeks(plans, *indexes):
     if connection.vendor == "postgresql":
         assert "Seq Scan on queue_app_job" not in text, text
     elif connection.vendor == "mysql":
-        assert "'type': 'ALL'" not in text, text
+        # The claim's look at the pause and limit tables (a few rows, usually none) may scan them.
+        gates = ("'queue_app_pause'", "'queue_app_kindlimit'")
+        job_rows = [line for line in plans if not any(table in line for table in gates)]
+        assert not any("'type': 'ALL'" in line for line in job_rows), text
     else:
         scans = [
             line for line in plans if re.match(r"SCAN (queue_app_job|j|k|k2)\b", line) and "USING" not in line

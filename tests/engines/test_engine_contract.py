@@ -2,6 +2,7 @@
 on: the suite runs once per database, so every case here runs on SQLite, PostgreSQL and
 MariaDB alike (Oban's engine_test.exs, one case list for every engine)."""
 
+import multiprocessing
 import threading
 from datetime import timedelta
 
@@ -16,6 +17,7 @@ from queue_app.engines import rows
 from queue_app.engines.base import Fence
 from queue_app.models import Event, EventType, Job, State
 from queue_app.worker import wakeup
+from queue_app.worker.slots import WakeUps
 from tests.factories import JobFactory
 from tests.support import event_types, events
 
@@ -301,23 +303,23 @@ EXPECTED_WAKE_UP = {"postgresql": "listen", "sqlite": "version", "mysql": "versi
 
 class _Options:
     burst = False
+    poll = 1.0
+    queues = ("*",)
 
 
 @pytest.mark.django_db
-def test_an_idle_worker_waits_the_way_its_database_can_tell_it_of_new_work():
+def test_a_worker_watches_for_new_work_the_way_its_database_can_tell_it():
     how = engine().wake_up()
-    waiter = wakeup.Waiter.for_connection(_Options())
-    try:
-        if EXPECTED_WAKE_UP[connection.vendor] == "listen":
-            assert how.channel == queue_settings.NOTIFY_CHANNEL
-            assert isinstance(waiter, wakeup.ListenWaiter)
-        else:
-            assert how.interval > 0 and how.channel is None
-            assert isinstance(waiter, wakeup.VersionWaiter)
-    finally:
-        waiter.close()
+    watcher = wakeup.Watcher.for_connection(_Options(), WakeUps(multiprocessing.get_context("fork")))
+    if EXPECTED_WAKE_UP[connection.vendor] == "listen":
+        assert how.channel == queue_settings.NOTIFY_CHANNEL
+        assert isinstance(watcher, wakeup.ListenWatcher)
+    else:
+        assert how.interval > 0 and how.channel is None
+        assert isinstance(watcher, wakeup.VersionWatcher)
     burst = type("Burst", (), {"burst": True})()
-    assert type(wakeup.Waiter.for_connection(burst)) is wakeup.Waiter
+    assert wakeup.Watcher.for_connection(burst, None) is None
+    assert type(wakeup.Waiter.for_connection(burst, watcher.wakeups)) is wakeup.Waiter
 
 
 def _enqueue_elsewhere():
@@ -348,3 +350,51 @@ def test_the_wake_up_signal_moves_when_another_connection_enqueues():
         seen = engine().wake_version()
         _enqueue_elsewhere()
         assert engine().wake_version() != seen
+
+
+@pytest.mark.django_db
+def test_ready_events_since_tells_new_work_from_the_workers_own_claims_and_acks():
+    start, ready = engine().ready_events_since(None)
+    assert not ready
+    enqueue("echo", {})
+    after_enqueue, ready = engine().ready_events_since(start)
+    assert ready and after_enqueue > start
+    (job,) = transitions.claim("w1")
+    transitions.complete(job.id, worker_id="w1", attempt=job.attempts)
+    newest, ready = engine().ready_events_since(after_enqueue)
+    assert (newest, ready) == (Event.objects.latest("id").id, False)
+    assert engine().ready_events_since(newest) == (newest, False)  # nothing since
+
+
+# --- the gates, read by the claim itself ----------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_an_ungated_claim_leases_as_a_plain_one_when_nothing_is_paused_or_limited():
+    now = timezone.now()
+    insert(now, [{}, {}])
+    assert len(claim(now, limit=10, unless_gated=True)) == 2
+    assert claim(now, limit=10, unless_gated=True) == []
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("gate", ["queue", "kind", "limit"])
+def test_an_ungated_claim_leases_nothing_and_says_so_while_anything_is_paused_or_limited(gate):
+    now = timezone.now()
+    insert(now, [{}, {"kind": "add"}])
+    if gate == "limit":
+        flow.set_limit("elsewhere", concurrency=5)
+    else:
+        flow.pause(**{gate: "nothing-that-exists"})
+
+    assert claim(now, limit=10, unless_gated=True) is None
+    assert Job.objects.filter(state=State.LEASED).count() == 0
+    assert not Event.objects.filter(type=EventType.CLAIMED).exists()
+    assert len(claim(now, limit=10)) == 2  # the gate says nothing about these jobs
+
+
+@pytest.mark.django_db
+def test_an_ungated_claim_with_nothing_ready_still_tells_a_gate_from_an_empty_queue():
+    assert claim(timezone.now(), unless_gated=True) == []
+    flow.pause(queue="mail")
+    assert claim(timezone.now(), unless_gated=True) is None

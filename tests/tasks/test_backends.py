@@ -88,6 +88,40 @@ def test_priority_queue_and_run_after_become_the_jobs_priority_queue_and_run_at(
     assert result.task.run_after == later
     fetched = default_task_backend.get_result(result.id)
     assert (fetched.task.priority, fetched.task.queue_name) == (42, "emails")
+    assert fetched == result
+
+
+@pytest.mark.django_db
+def test_get_result_of_a_deferred_task_equals_what_enqueue_returned():
+    now = timezone.now()
+    # In the future, in the past (it runs at once), in another time zone.
+    for run_after in (
+        now + timedelta(minutes=5),
+        now - timedelta(minutes=5),
+        (now + timedelta(hours=1)).astimezone(timezone.get_fixed_timezone(-300)),
+    ):
+        result = tasks.add.using(run_after=run_after).enqueue(1, 2)
+        fetched = default_task_backend.get_result(result.id)
+        assert fetched == result
+        assert fetched.task.run_after == run_after
+        job = job_of(result)
+        assert job.run_after == run_after
+        assert job.run_at == run_after if run_after > now else job.run_at >= now
+    plain = tasks.add.enqueue(1, 2)
+    assert default_task_backend.get_result(plain.id) == plain
+    assert job_of(plain).run_after is None
+
+
+@pytest.mark.django_db
+def test_a_retry_moves_run_at_but_not_the_run_after_get_result_reports():
+    from queue_app.worker.execution import run_one
+
+    asked = timezone.now() - timedelta(seconds=1)
+    result = tasks.fail.using(run_after=asked, max_attempts=2).enqueue()
+    job = run_one(worker_id="test-host:1:deferred")
+    assert (job.state, job.run_after) == ("pending", asked)
+    assert job.run_at > job.created_at  # the retry's backoff
+    assert default_task_backend.get_result(result.id).task.run_after == asked
 
 
 @pytest.mark.django_db
@@ -200,6 +234,20 @@ def test_a_non_json_argument_is_refused_and_nothing_is_written():
     with pytest.raises(TypeError, match="JSON-serializable"):
         tasks.echo.enqueue(when={1, 2})
     assert not Job.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_tasks_options_are_checked_once_but_again_when_the_settings_change(settings):
+    assert job_of(tasks.with_extras.enqueue()).timeout == 12.5
+    assert job_of(tasks.add.enqueue(1, 2)).max_attempts == 3
+    with pytest.raises(TypeError, match="JSON-serializable"):
+        tasks.add.enqueue(object(), 2)  # the arguments, unlike the options, every call
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "MAX_TIMEOUT_SECONDS": 10, "DEFAULT_MAX_ATTEMPTS": 9}
+    with pytest.raises(InvalidTask, match="timeout 12.5s is more than the limit of 10s"):
+        tasks.with_extras.enqueue()
+    first, second = tasks.add.enqueue(1, 2), tasks.add.enqueue(3, 4)
+    assert [job_of(r).max_attempts for r in (first, second)] == [9, 9]
+    assert [job_of(r).payload["args"] for r in (first, second)] == [[1, 2], [3, 4]]
 
 
 @pytest.mark.django_db

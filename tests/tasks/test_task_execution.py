@@ -1,12 +1,14 @@
 """django.tasks functions running on our workers: results, errors, retries, context, signals."""
 
+import json
 import os
 import sys
+import time
 from datetime import timedelta
 
 import pytest
 from asgiref.sync import async_to_sync
-from django.tasks import TaskResultStatus, default_task_backend
+from django.tasks import TaskResultStatus, default_task_backend, task
 from django.tasks.signals import task_enqueued, task_finished, task_started
 from django.utils import timezone
 
@@ -14,9 +16,10 @@ from queue_app.core import enqueueing, transitions
 from queue_app.handlers import registry
 from queue_app.handlers.registry import UnknownTask
 from queue_app.models import DeadLetter, Job, State
+from queue_app.tasks import results
 from queue_app.tasks.backend import DatabaseBackend
 from queue_app.tasks.results import LeaseExpired
-from queue_app.worker.execution import run_one
+from queue_app.worker.execution import claimed, run_one
 from tests import sample_handlers as handlers
 from tests import sample_tasks as tasks
 
@@ -596,3 +599,151 @@ def test_the_supervisor_sends_task_finished_for_a_task_killed_for_its_timeout_or
     assert not started_in & finished_in, "task_finished comes from the supervisor, not the dead child"
     job = Job.objects.get(id=int(crashed.id))
     assert job.run_at - timezone.now() > timedelta(seconds=90)
+
+
+# --- the TaskResults a worker builds are the ones get_result() reads ------------------------------
+
+
+@task(takes_context=True)
+def loses_its_lease(context):
+    """Has its lease taken back while it runs, as recovery does to a worker that stalled."""
+    transitions.recover(owned_by=context.task_result.worker_ids[-1])
+    return "too late"
+
+
+@task
+def prints(text):
+    print(text)
+    return text
+
+
+def test_a_tasks_stored_output_is_what_it_printed_not_djangos_log_of_its_start():
+    from queue_app.models import Event, EventType
+
+    result = prints.enqueue("hello")
+    run()
+    event = Event.objects.get(job_id=int(result.id), type=EventType.COMPLETED)
+    assert event.metadata["output"] == {"stdout": "hello\n"}
+
+
+@pytest.fixture
+def worker_results(tmp_path):
+    """What each task_started / task_finished a worker sent carried, beside what
+    get_result() read from the database when the receiver ran (inherited by the forked
+    supervisor and children, as worker_signals). Returns a function giving one dict per
+    signal sent outside this process."""
+    log = tmp_path / "worker-results"
+
+    def compare(signal, sender, task_result, **kwargs):
+        stored = default_task_backend.get_result(task_result.id)
+        line = {
+            "pid": os.getpid(),
+            "id": task_result.id,
+            "signal": "started" if signal is task_started else "finished",
+            "status": str(task_result.status),
+            "same": task_result == stored,
+            "finished_at": task_result.finished_at.isoformat() if task_result.finished_at else None,
+        }
+        if not line["same"]:
+            line["sent"], line["stored"] = repr(task_result), repr(stored)
+        with open(log, "a") as f:
+            f.write(json.dumps(line) + "\n")
+
+    task_started.connect(compare, dispatch_uid="worker_results")
+    task_finished.connect(compare, dispatch_uid="worker_results")
+    yield lambda: [
+        line
+        for line in map(json.loads, log.read_text().splitlines() if log.exists() else [])
+        if line["pid"] != os.getpid()
+    ]
+    task_started.disconnect(dispatch_uid="worker_results")
+    task_finished.disconnect(dispatch_uid="worker_results")
+
+
+def test_a_first_attempts_task_result_comes_off_the_claimed_row_without_a_query(
+    django_assert_num_queries,
+):
+    enqueued = tasks.attempt_number.enqueue()
+    now = timezone.now()
+    [job] = claimed(transitions.claim(WORKER, now=now), now)
+    with django_assert_num_queries(0):
+        running = results.running(job, tasks.attempt_number, "default")
+    assert running == default_task_backend.get_result(enqueued.id)
+    transitions.complete_many([(job.id, job.attempts, 7)], worker_id=WORKER, now=now)
+    with django_assert_num_queries(0):
+        done = results.succeeded(running, now, 7)
+    assert done == default_task_backend.get_result(enqueued.id)
+    assert running.status == TaskResultStatus.RUNNING  # the running one is left as it was
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_task_results_a_worker_sends_equal_what_get_result_reads_for_every_history(
+    settings, worker_results
+):
+    from tests.worker_support import lease_settings
+
+    settings.JOBQUEUE = lease_settings(BACKOFF_BASE=0.05)
+    # Requeued: two failed attempts, dead-lettered, requeued; the third attempt succeeds.
+    requeued = tasks.fail_until_third_attempt.using(max_attempts=2).enqueue()
+    for _ in range(2):
+        job = run("earlier-worker")
+        retry(job) if job.state == State.PENDING else transitions.requeue(job.id)
+    # Recovered: its first worker's lease lapsed.
+    recovered = tasks.add.using(priority=60).enqueue(1, 2)
+    assert [j.id for j in transitions.claim("dead-worker", lease_seconds=0.05)] == [int(recovered.id)]
+    # Released: claimed and given back before it started.
+    released = tasks.echo.using(priority=50).enqueue("back")
+    [job] = transitions.claim("leaving-worker")
+    assert job.id == int(released.id)
+    transitions.release(job.id, worker_id="leaving-worker", attempt=job.attempts)
+    first = tasks.attempt_number.enqueue()
+    retried = tasks.fail_until_third_attempt.using(max_attempts=5).enqueue()
+    time.sleep(0.1)
+    assert transitions.recover() == [(int(recovered.id), State.PENDING)]
+
+    work(max_jobs=7, batch=10)
+
+    seen = worker_results()
+    assert [line for line in seen if not line["same"]] == []
+    by_job = {}
+    for line in seen:
+        by_job.setdefault(line["id"], []).append((line["signal"], line["status"]))
+    once = [("started", "RUNNING"), ("finished", "SUCCESSFUL")]
+    assert {r.id: by_job[r.id] for r in (first, released, recovered, requeued)} == {
+        r.id: once for r in (first, released, recovered, requeued)
+    }
+    assert by_job[retried.id] == [("started", "RUNNING"), ("finished", "READY")] * 2 + once
+    for result in (first, retried, released, recovered, requeued):
+        result.refresh()
+        assert result.status == TaskResultStatus.SUCCESSFUL
+    assert first.return_value["workers"] == first.worker_ids and len(first.worker_ids) == 1
+    assert [e.exception_class for e in recovered.errors] == [LeaseExpired]
+    assert released.worker_ids == first.worker_ids
+    assert (requeued.attempts, len(requeued.errors), requeued.return_value) == (3, 2, 3)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_task_jobs_share_a_batched_acknowledgement_and_each_gets_task_finished_in_order(worker_results):
+    added = [tasks.add.enqueue(i, i) for i in range(6)]
+    work(batch=10)
+    seen = worker_results()
+    started = [line["id"] for line in seen if line["signal"] == "started"]
+    finished = [line for line in seen if line["signal"] == "finished"]
+    assert sorted(started) == sorted(r.id for r in added)
+    assert [line["id"] for line in finished] == started
+    assert {(line["status"], line["same"]) for line in finished} == {("SUCCESSFUL", True)}
+    # One acknowledgement's jobs share its commit's time: fewer times than jobs.
+    assert len({line["finished_at"] for line in finished}) < len(added)
+    assert {Job.objects.get(id=int(r.id)).result for r in added} == {0, 2, 4, 6, 8, 10}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batched_acknowledgement_that_finds_the_lease_lost_sends_no_successful(worker_results):
+    lost = loses_its_lease.using(max_attempts=1).enqueue()
+    work(batch=10)
+    job = Job.objects.get(id=int(lost.id))
+    assert (job.state, job.result) == (State.DEAD_LETTER, None)
+    assert [(line["signal"], line["status"], line["same"]) for line in worker_results()] == [
+        ("started", "RUNNING", True),
+        ("finished", "FAILED", True),
+    ]
