@@ -309,6 +309,19 @@ class Job(models.Model):
         return Pause.objects.is_paused(self.queue_name, self.kind)
 
 
+def attach_statuses(jobs, now=None):
+    """Set each job's status as with_status() would, reading the Pause table once for all
+    of them (a freshly enqueued batch would otherwise ask once per pending job)."""
+    now = now or timezone.now()
+    paused = set(Pause.objects.values_list("scope", "name"))
+    for job in jobs:
+        held = (PauseScope.QUEUE, job.queue_name) in paused or (PauseScope.KIND, job.kind) in paused
+        job.__dict__["derived_status"] = derive_status(
+            job.state, job.run_at, job.attempts, job.state == State.PENDING and held, now
+        )
+    return jobs
+
+
 class Event(models.Model):
     """One row per transition; never updated or deleted except with its job (prune)."""
 

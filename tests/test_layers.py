@@ -26,7 +26,7 @@ LOG_MODELS = {"Event", "DeadLetter"}
 # Worker rows have a state of their own (running, stopping ...): the registry's, not a job's.
 OTHER_STATES = {"Worker", "WorkerState"}
 # The tables' names, as the engines spell them (rows.JOB_TABLE ...) or as SQL text does.
-TABLE_CONSTANTS = {"JOB_TABLE", "EVENT_TABLE", "DEADLETTER_TABLE"}
+TABLE_CONSTANTS = {"JOB_TABLE", "EVENT_TABLE", "DEADLETTER_TABLE", "TABLE", "db_table"}
 TABLES = ("queue_app_job", "queue_app_event", "queue_app_deadletter")
 SQL_WRITES = ("insert into", "update ", "delete from")
 
@@ -38,6 +38,21 @@ def _receiver_model(node):
     return node.id if isinstance(node, ast.Name) else None
 
 
+def _assigns_state_and_saves(function):
+    """Whether ``function`` sets some object's ``state`` and calls a ``save()``: the ORM
+    write by instance (a state set in memory only, for a TaskResult, is not one)."""
+    sets = any(
+        isinstance(n, ast.Assign)
+        and any(isinstance(t, ast.Attribute) and t.attr == "state" for t in n.targets)
+        for n in ast.walk(function)
+    )
+    saves = any(
+        isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "save"
+        for n in ast.walk(function)
+    )
+    return sets and saves
+
+
 def state_writes(source, filename="<module>"):
     """Return "line: what" for every write of job state, events or dead letters in ``source``."""
     found = []
@@ -45,16 +60,24 @@ def state_writes(source, filename="<module>"):
         if isinstance(node, ast.Call):
             func = node.func
             if isinstance(func, ast.Attribute) and func.attr in WRITE_METHODS:
+                model = _receiver_model(func.value)
                 state = next((kw.value for kw in node.keywords if kw.arg == "state"), None)
-                if (
-                    state is not None
-                    and not {_receiver_model(func.value), _receiver_model(state)} & OTHER_STATES
-                ):
+                if state is not None and not {model, _receiver_model(state)} & OTHER_STATES:
                     found.append(f"{node.lineno}: .{func.attr}(state=...)")
-                elif _receiver_model(func.value) in LOG_MODELS:
-                    found.append(f"{node.lineno}: {_receiver_model(func.value)}.objects...{func.attr}()")
+                elif model in LOG_MODELS:
+                    found.append(f"{node.lineno}: {model}.objects...{func.attr}()")
+                elif model == "Job" and any(kw.arg is None for kw in node.keywords):
+                    found.append(f"{node.lineno}: Job.objects...{func.attr}(**...)")  # .update(**changes)
             elif isinstance(func, ast.Name) and func.id in LOG_MODELS:
                 found.append(f"{node.lineno}: {func.id}(...)")
+            elif (
+                isinstance(func, ast.Name)
+                and func.id == "Job"
+                and any(kw.arg in ("state", None) for kw in node.keywords)
+            ):
+                found.append(f"{node.lineno}: Job(state=...)")
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _assigns_state_and_saves(node):
+            found.append(f"{node.lineno}: .state = ... then .save()")
         elif isinstance(node, (ast.Name, ast.Attribute)):
             name = node.id if isinstance(node, ast.Name) else node.attr
             if name in TABLE_CONSTANTS and isinstance(node.ctx, ast.Load):
@@ -109,7 +132,7 @@ def test_the_write_guard_sees_the_writes_the_state_machine_really_makes():
 
 
 PLANTED_WRITES = """
-from queue_app.engines import rows
+from queue_app.engines import leasing, rows
 from queue_app.models import DeadLetter, Event, Job, State
 
 
@@ -135,8 +158,22 @@ def sneak_letter(job):
     )
 
 
+def sneak_by_instance(job):
+    job.state = State.COMPLETED
+    job.save()
+
+
+def sneak_unpacked(job_id, changes):
+    Job.objects.filter(id=job_id).update(**changes)
+
+
+def sneak_new(now):
+    return Job(kind="x", state=State.LEASED, run_at=now)
+
+
 def sneak_sql(cursor):
     cursor.execute(f"UPDATE {rows.JOB_TABLE} SET state = 'completed'")
+    cursor.execute(f"UPDATE {leasing.TABLE} SET state = 'leased'")
     cursor.execute(
         "INSERT INTO queue_app_event (job_id, type)"
         " VALUES (%s, 'completed')",
@@ -155,10 +192,16 @@ def test_the_write_guard_catches_a_real_multi_line_write_planted_in_a_module(tmp
         ".update(state=...)",
         "Event.objects...bulk_create()",
         "DeadLetter(...)",
+        ".state",  # = ... then .save()
+        "Job.objects...update(**...)",
+        "Job(state=...)",
         "JOB_TABLE",
+        "TABLE",
         "SQL",
     ]
-    assert [int(h.split(":")[0]) for h in hits] == [7, 17, 23, 29, 31]
+    assert [int(h.split(":")[0]) for h in hits] == [7, 17, 23, 28, 34, 38, 42, 43, 45]
+    # A state set in memory only is no write.
+    assert state_writes("def report(job):\n    job.state = 'completed'\n    return job") == []
     # Reads are not writes.
     assert state_writes("Job.objects.filter(state=State.PENDING).count()\nstop = threading.Event()") == []
     assert state_writes("Worker.objects.filter(name=n).update(state=WorkerState.STOPPING)") == []
@@ -168,10 +211,7 @@ def test_the_write_guard_catches_a_real_multi_line_write_planted_in_a_module(tmp
 ENGINE_WRITES = {"insert_jobs", "claim", "complete_plain", "notify"}
 
 
-def _is_engine(node):
-    """``engines.of(...)``, or a name an engine was bound to (``engine = engines.of(c)``)."""
-    if isinstance(node, ast.Name):
-        return node.id == "engine"
+def _is_engines_of(node):
     return (
         isinstance(node, ast.Call)
         and isinstance(node.func, ast.Attribute)
@@ -182,14 +222,26 @@ def _is_engine(node):
 
 
 def engine_writes(source, filename="<module>"):
-    """Return "line: method" for every engine write call in ``source``."""
+    """Return "line: method" for every engine write call in ``source``: on ``engines.of(...)``
+    itself or on any name bound to one (``eng = engines.of(c)``)."""
+    tree = ast.parse(source, filename)
+    bound = {
+        target.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign) and _is_engines_of(node.value)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
     return [
         f"{node.lineno}: {node.func.attr}"
-        for node in ast.walk(ast.parse(source, filename))
+        for node in ast.walk(tree)
         if isinstance(node, ast.Call)
         and isinstance(node.func, ast.Attribute)
         and node.func.attr in ENGINE_WRITES
-        and _is_engine(node.func.value)
+        and (
+            _is_engines_of(node.func.value)
+            or (isinstance(node.func.value, ast.Name) and node.func.value.id in bound)
+        )
     ]
 
 
@@ -205,8 +257,8 @@ def test_the_engine_write_guard_catches_a_write_planted_in_a_module():
         from queue_app import engines
 
         def sneak(givens, now):
-            engine = engines.of(connection)
-            engine.insert_jobs(givens, [], [], now)
+            eng = engines.of(connection)
+            eng.insert_jobs(givens, [], [], now)
             return engines.of(
                 connection
             ).claim("w", 1, now, now)
@@ -216,6 +268,58 @@ def test_the_engine_write_guard_catches_a_write_planted_in_a_module():
     """)
 
     assert engine_writes(source) == ["7: insert_jobs", "8: claim"]
+
+
+# Raw SQL goes through a cursor, .raw(), .extra() or RawSQL; a vendor branch reads .vendor.
+RAW_SQL_CALLS = {"cursor", "raw", "extra"}
+
+
+def sql_and_vendor_reads(source, filename="<module>"):
+    """Return "line: what" for every raw SQL access and ``.vendor`` read in ``source``."""
+    found = []
+    for node in ast.walk(ast.parse(source, filename)):
+        if isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Attribute) and func.attr in RAW_SQL_CALLS:
+                found.append(f"{node.lineno}: .{func.attr}()")
+            elif isinstance(func, ast.Name) and func.id == "RawSQL":
+                found.append(f"{node.lineno}: RawSQL()")
+        elif isinstance(node, ast.Attribute) and node.attr == "vendor" and isinstance(node.ctx, ast.Load):
+            found.append(f"{node.lineno}: .vendor")
+    return sorted(found, key=lambda hit: int(hit.split(":")[0]))
+
+
+def test_no_sql_text_or_vendor_branch_outside_the_engines():
+    offenders = [
+        f"{name}:{hit}"
+        for name, source in _sources()
+        if not name.startswith("queue_app/engines/")
+        for hit in sql_and_vendor_reads(source, name)
+    ]
+
+    assert offenders == []
+
+
+def test_the_sql_guard_catches_a_cursor_and_a_vendor_branch_planted_in_a_module():
+    source = textwrap.dedent("""
+        from django.db import connection
+        from django.db.models.expressions import RawSQL
+
+        def count():
+            if connection.vendor == "postgresql":
+                with connection.cursor() as cursor:
+                    cursor.execute("SELECT count(*) FROM queue_app_job")
+            return Job.objects.annotate(n=RawSQL("1", [])).extra(where=["1=1"])
+    """)
+
+    assert [h.split(": ")[1] for h in sql_and_vendor_reads(source)] == [
+        ".vendor",
+        ".cursor()",
+        ".extra()",
+        "RawSQL()",
+    ]
+    # The engines are where it belongs: the guard sees it there too.
+    assert any(sql_and_vendor_reads(s, n) for n, s in _sources() if n.startswith("queue_app/engines/"))
 
 
 # Imports inside a function that are not there to dodge a cycle: Django's AppConfig.ready()

@@ -309,7 +309,19 @@ def job_detail(job_id):
 
 def latest_events(filters=None, *, limit=15):
     """The latest events with their jobs, newest first (kind and queue filters only)."""
-    qs = Event.objects.select_related("job").order_by("-id")
+    # Only what the rows show of each job: its payload, result and error may be megabytes.
+    qs = (
+        Event.objects.select_related("job")
+        .defer(
+            "job__payload",
+            "job__result",
+            "job__last_error",
+            "job__metadata",
+            "job__on_success",
+            "job__on_failure",
+        )
+        .order_by("-id")
+    )
     if filters and filters.kind:
         qs = qs.filter(job__kind=filters.kind)
     if filters and filters.queue:

@@ -21,7 +21,15 @@ from pydantic import ConfigDict, StrictBool
 from queue_app.conf import settings
 from queue_app.core import aborting, enqueueing, flow, transitions, validation
 from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound
-from queue_app.models import JOB_STATUSES, STATUSES, WORKER_STATUSES, DeadLetter, Pause, State
+from queue_app.models import (
+    JOB_STATUSES,
+    STATUSES,
+    WORKER_STATUSES,
+    DeadLetter,
+    Pause,
+    State,
+    attach_statuses,
+)
 from queue_app.ops import metrics, reads
 from queue_app.web.auth import Principal, authenticate
 
@@ -431,7 +439,7 @@ def create_jobs(request: HttpRequest, body: BulkIn):
         except InvalidJob as exc:
             raise InvalidJob(f"job {i}: {exc}", exc.field) from None
         specs.append({"kind": kind, "payload": payload, **options})
-    return Status(201, enqueueing.bulk_enqueue(specs))
+    return Status(201, attach_statuses(enqueueing.bulk_enqueue(specs)))
 
 
 @api.get("/jobs", response={200: JobPage, **REFUSALS}, tags=["jobs"])

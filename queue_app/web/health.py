@@ -3,6 +3,7 @@
 from django.http import JsonResponse
 from django.views.decorators.http import require_GET
 
+from queue_app.conf import settings
 from queue_app.ops import health
 from queue_app.web import auth
 
@@ -11,7 +12,7 @@ def _authenticated(request):
     user = getattr(request, "user", None)
     if user is not None and user.is_authenticated and user.is_staff:
         return True
-    return auth.authenticate(request.headers.get("X-API-Key")) is not None
+    return auth.authenticate(request.headers.get(settings.API_KEY_HEADER)) is not None
 
 
 @require_GET

@@ -26,6 +26,15 @@ URLS = [
     # Lookups beyond the filters, on a JSON column (unsupported on SQLite).
     "/admin/queue_app/job/?payload__contains=x",
     "/admin/queue_app/job/?result__has_key=x",
+    # The admin's own filters with a NUL, and lookups no filter offers.
+    "/admin/queue_app/job/?kind=%00",
+    "/admin/queue_app/job/?queue_name=%00",
+    "/admin/queue_app/job/?idempotency_key=%00",
+    "/admin/queue_app/job/?kind__regex=(",
+    "/admin/queue_app/job/?id__in=99999999999999999999999",
+    "/admin/queue_app/event/?type__regex=(",
+    "/admin/queue_app/deadletter/?reason__regex=(",
+    "/admin/queue_app/worker/?name__regex=(",
 ]
 
 

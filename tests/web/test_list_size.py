@@ -76,3 +76,43 @@ def test_the_dashboards_job_list_of_megabyte_jobs_stays_small(big_jobs):
     assert r.status_code == 200
     assert len(r.content) < 256 * 1024
     assert "m" * 80 not in r.content.decode()  # the message is cut (80 characters shown)
+
+
+def _queries(call):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as captured:
+        response = call()
+    assert response.status_code in (200, 201), response.content[:200]
+    return len(captured)
+
+
+@pytest.mark.parametrize("path", ["/api/jobs", "/api/dead-letters"])
+def test_a_list_asks_the_database_the_same_number_of_times_whatever_its_length(api, path):
+    JobFactory.create_batch(2)
+    DeadLetterFactory.create_batch(2)
+    api.get(path)  # the key's first use records it (one UPDATE a minute)
+    few = _queries(lambda: api.get(path))
+    JobFactory.create_batch(30)
+    DeadLetterFactory.create_batch(30)
+
+    many = _queries(lambda: api.get(path))
+
+    assert many == few
+
+
+def test_a_bulk_enqueue_asks_the_pause_table_once_not_once_per_job(settings):
+    import json
+
+    _, raw = api_auth.create("writer")
+    client = Client(headers={"X-API-Key": raw})
+
+    def bulk(n):
+        body = json.dumps({"jobs": [{"kind": "echo"} for _ in range(n)]})
+        return lambda: client.post("/api/jobs/bulk", body, content_type="application/json")
+
+    bulk(1)()  # the key's first use records it (one UPDATE a minute)
+    few, many = _queries(bulk(2)), _queries(bulk(40))
+
+    assert many == few
