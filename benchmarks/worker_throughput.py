@@ -9,10 +9,10 @@ stopped, then `manage.py runworker --burst` with --concurrency processes. ``jobs
 counts from the first claim to the last completion (timestamps in the database), so
 process start-up is left out; ``wall_s`` is the whole command, start-up included.
 With --latency: idle workers (2 processes), 200 single enqueues 20 ms apart, and the
-p50/p95/p99 of started_at - created_at. On PostgreSQL LISTEN/NOTIFY wakes the workers,
-so the poll interval should not show; on SQLite idle workers watch PRAGMA data_version
-(SQLITE_WAKE_INTERVAL) and wake within milliseconds; on MariaDB they watch the newest
-event id (MARIADB_WAKE_INTERVAL). Each drain line also carries the peak resident memory
+p50/p95/p99 of started_at - created_at. The supervisor's one watch (LISTEN/NOTIFY on
+PostgreSQL, the WAL file or PRAGMA data_version on SQLite, the newest event id on
+MariaDB: MARIADB_WAKE_INTERVAL) wakes one idle child, so the poll interval should not
+show. Each drain line also carries the peak resident memory
 per process.
 """
 

@@ -85,13 +85,15 @@ DEFAULTS = {
     # Progress (running.py): a handler's progress/metadata is written at most once per
     # this many seconds; the latest value is always written when the handler ends.
     "PROGRESS_INTERVAL": 1.0,
-    # PostgreSQL channel that enqueue NOTIFYs and idle workers LISTEN on; None disables.
+    # PostgreSQL channel that enqueue NOTIFYs and each runworker's supervisor LISTENs on
+    # (one wake-up per NOTIFY, to one idle child: worker/wakeup.py); None disables.
     "NOTIFY_CHANNEL": "jobqueue",
-    # SQLite: seconds between an idle worker's looks at PRAGMA data_version (whether any
-    # connection committed since), claiming only when it moved; 0 disables (plain polling).
+    # SQLite: seconds between the supervisor's looks at PRAGMA data_version (whether any
+    # connection committed since) where inotify on the WAL file is not available; it
+    # wakes one idle child when new work was committed; 0 disables (plain polling).
     "SQLITE_WAKE_INTERVAL": 0.005,
-    # MariaDB: seconds between an idle worker's looks at the newest event id (one index
-    # read), claiming only when it moved; 0 disables (plain polling).
+    # MariaDB: seconds between the supervisor's looks at the newest event id (one index
+    # read); it wakes one idle child when new work arrived; 0 disables (plain polling).
     "MARIADB_WAKE_INTERVAL": 0.02,
     # /metrics: with a token set, a scrape must send "Authorization: Bearer <token>" (or
     # basic auth with the token as password). Without one only loopback clients are
