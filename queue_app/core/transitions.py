@@ -683,20 +683,25 @@ def renew(job_ids, *, worker_id, lease_seconds=None, using=None):
     return ids
 
 
-def recover(*, limit=500, now=None, owned_by=None, using=None):
+def recover(*, limit=500, now=None, owned_by=None, owner=None, using=None):
     """Take back leases past their deadline: each consumes its attempt and goes to
     pending, or to dead_letter when none are left. Return [(id, new_state)].
 
-    With ``owned_by`` (a lease-owner prefix: a stopped worker's name), take back that
-    worker's leases whatever their deadline: nobody will settle or renew them."""
+    With ``owned_by`` (a lease-owner prefix: a stopped worker's name), or ``owner`` (one
+    exact lease owner: a worker child that died), take back those leases whatever their
+    deadline: nobody will settle or renew them."""
     db = _db(using)
     now = now or timezone.now()
     out = []
     with transaction.atomic(using=db):
-        if owned_by is None:
+        if owner is not None:
+            qs = Job.objects.using(db).leased().filter(lease_owner=owner)
+        elif owned_by is None:
             qs = Job.objects.using(db).expired(now)
         else:
             qs = Job.objects.using(db).leased().filter(lease_owner__startswith=owned_by)
+        taken_back = "whose worker process died" if owner is not None else "of a worker that had stopped"
+        owned_by = owned_by or owner
         qs = qs.order_by("lease_expires_at", "id")
         if connections[db].features.has_select_for_update_skip_locked:
             # Two workers recovering at once split the work instead of waiting on each other.
@@ -710,7 +715,7 @@ def recover(*, limit=500, now=None, owned_by=None, using=None):
                 "LeaseExpired",
                 f"lease held by {job.lease_owner} expired at {job.lease_expires_at.isoformat()}"
                 if owned_by is None
-                else f"lease held by {job.lease_owner}, of a worker that had stopped",
+                else f"lease held by {job.lease_owner}, {taken_back}",
             )
             to = State.PENDING if job.attempts < job.max_attempts else State.DEAD_LETTER
             if job.cancel_requested_at is not None:

@@ -387,6 +387,11 @@ class Supervisor:
         for job_id, attempt, _ in child.slots.buffered():
             if job_id not in started:  # a job moving to its thread shows in both for an instant
                 self._guard(transitions.release, job_id, worker_id=child.owner, attempt=attempt)
+        # Still leased to the dead child: claims it committed but had not yet recorded in
+        # shared memory (it died in between). Nobody will run, renew or settle them: take
+        # them back now rather than after their lease (their attempt counts: it may have run).
+        for job_id, to in self._guard(transitions.recover, owner=child.owner, default=()) or ():
+            log.warning("took back id=%s from dead child %s: %s", job_id, child.owner, to)
 
     def _enforce_timeouts(self):
         now = time.monotonic()

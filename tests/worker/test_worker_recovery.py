@@ -10,7 +10,7 @@ import pytest
 from django.utils import timezone
 
 from queue_app import enqueue
-from queue_app.core import aborting
+from queue_app.core import aborting, transitions
 from queue_app.handlers import registry
 from queue_app.models import EventType, Job, State, Worker
 from tests.support import event_types as events
@@ -152,3 +152,32 @@ def test_abort_of_a_claimed_job_waiting_behind_a_running_one_cancels_it_unstarte
     assert second.attempts == 1
     assert events(second)[-2:] == [EventType.ABORT_REQUESTED, EventType.CANCELLED]
     assert "not started" in second.events.get(type=EventType.CANCELLED).message
+
+
+def test_a_dead_childs_unrecorded_claims_are_taken_back_at_once_not_after_their_lease(tmp_path):
+    marker = tmp_path / "running"
+    busy = enqueue("mark", {"path": str(marker), "seconds": 60}, max_attempts=2)
+    proc = start_worker(lease=30.0, concurrency=1, threads=1, batch=1)
+    wait_for(marker.exists, what="the child to start its job")
+    child_pid = int(marker.read_text().split()[0])
+    owner = Job.objects.get(id=busy.id).lease_owner
+    # A claim the child committed but had not yet recorded in shared memory when it died.
+    orphan = enqueue("noop", {})
+    assert [j.id for j in transitions.claim(owner, kinds=["noop"])] == [orphan.id]
+
+    os.kill(child_pid, signal.SIGKILL)
+
+    # Back well within the 30 s lease, and run by the replacement child.
+    wait_for(
+        lambda: Job.objects.filter(id=orphan.id, state=State.COMPLETED).exists(),
+        timeout=10,
+        what="the orphaned claim to be taken back and run",
+    )
+    assert stop(proc) == 0
+    assert events(Job.objects.get(id=orphan.id)) == [
+        EventType.ENQUEUED,
+        EventType.CLAIMED,
+        EventType.RECOVERED,
+        EventType.CLAIMED,
+        EventType.COMPLETED,
+    ]
