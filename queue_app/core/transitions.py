@@ -41,7 +41,7 @@ from queue_app.core import events as events_
 from queue_app.core import follow_ups as chaining
 from queue_app.engines import rows
 from queue_app.engines.base import Fence
-from queue_app.exceptions import InvalidTransition, JobNotFound
+from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound
 from queue_app.models import DeadLetter, Event, EventType, Job, State
 
 log = logging.getLogger("queue_app")
@@ -786,6 +786,13 @@ def _locked(db, job_id, allowed, action):
     return job
 
 
+def _refuse_delivery_edit(job):
+    # A delivery's payload is the body the queue signs: an edited one would go out
+    # signed with the real WEBHOOK_SECRET.
+    if job.kind == validation.WEBHOOK_KIND:
+        raise InvalidJob(f"job {job.id} is a webhook delivery: its payload cannot be replaced", "payload")
+
+
 def requeue(job_id, *, payload=_UNSET, max_attempts=None, actor="", using=None):
     """Send a dead-lettered (or cancelled) job back to pending with a fresh budget."""
     if payload is not _UNSET:
@@ -806,6 +813,7 @@ def requeue(job_id, *, payload=_UNSET, max_attempts=None, actor="", using=None):
         }
         meta = {"previous_attempts": job.attempts}
         if payload is not _UNSET:
+            _refuse_delivery_edit(job)
             changes["payload"] = payload
             meta["payload_replaced"] = True
             meta["previous_payload"] = job.payload
@@ -987,7 +995,7 @@ def change_payload(job_id, payload, *, actor="", using=None):
         job_id,
         {State.PENDING, State.DEAD_LETTER},
         "edit payload",
-        lambda job, now: {"payload": payload},
+        lambda job, now: _refuse_delivery_edit(job) or {"payload": payload},
         EventType.PAYLOAD_CHANGED,
         lambda job: {"previous_payload": job.payload},
         actor,

@@ -328,9 +328,15 @@ def template(value, field, now):
     return payload(value, field)
 
 
-def enqueue_request(kind, payload_value=None, /, now=None, **options):
+# The kind of the queue's own webhook deliveries (webhooks.KIND), made by a terminal
+# transition only: one enqueued by anyone else would go out signed with the real
+# WEBHOOK_SECRET, carrying a body of their choosing. Refused on every enqueue route.
+WEBHOOK_KIND = "queue_app.webhook"
+
+
+def enqueue_request(kind, payload_value=None, /, now=None, *, reserved_ok=False, **options):
     """Validate enqueue() arguments and return an EnqueueRequest."""
-    return request(kind, payload_value, options, now or timezone.now())
+    return request(kind, payload_value, options, now or timezone.now(), reserved_ok=reserved_ok)
 
 
 class BatchChecks:
@@ -354,7 +360,7 @@ def _options_key(options):
     return key
 
 
-def request(kind, payload_value, options, now, checks=None):
+def request(kind, payload_value, options, now, checks=None, *, reserved_ok=False):
     """Validate one job's kind, payload and ``options`` (dict); return an EnqueueRequest.
     Refusals come in the order fields are listed in enqueue_options."""
     key = fields = None
@@ -365,6 +371,11 @@ def request(kind, payload_value, options, now, checks=None):
 
     def kind_and_payload():
         _kind(kind, checks)
+        if kind == WEBHOOK_KIND and not reserved_ok:
+            raise InvalidJob(
+                f"kind {WEBHOOK_KIND!r} is the queue's own: a delivery is made when a job with a webhook_url ends",
+                "kind",
+            )
         checked.extend(payload_json({} if payload_value is None else payload_value))
 
     if fields is None:

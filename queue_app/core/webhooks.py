@@ -50,7 +50,7 @@ from queue_app.models import State
 
 log = logging.getLogger("queue_app")
 
-KIND = "queue_app.webhook"
+KIND = validation.WEBHOOK_KIND
 SIGNATURE_HEADER = "X-Jobqueue-Signature"
 TIMESTAMP_HEADER = "X-Jobqueue-Timestamp"
 DELIVERY_HEADER = "X-Jobqueue-Delivery"
@@ -107,6 +107,7 @@ def delivery(job, state, now, *, result=None, error=None):
             KIND,
             {"url": job.webhook_url, "body": body_for(job, state, now, result=result, error=error)},
             now=now,
+            reserved_ok=True,
             queue_name=settings.WEBHOOK_QUEUE or job.queue_name,
             max_attempts=settings.WEBHOOK_MAX_ATTEMPTS,
         )

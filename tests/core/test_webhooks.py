@@ -327,3 +327,52 @@ def test_a_receiver_that_fails_twice_then_accepts_gets_one_delivery_through_a_re
     assert [e.type for e in delivery.events.all()].count("failed") == 2
     assert len(receiver.calls) == 3
     assert [json.loads(body)["id"] for _, body in receiver.calls] == [job.id] * 3
+
+
+# --- deliveries cannot be forged --------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_no_enqueue_route_makes_a_delivery_job(hooks, receiver):
+    from django.core.management import CommandError, call_command
+    from django.test import Client
+
+    from queue_app import bulk_enqueue
+    from queue_app.web import auth as api_auth
+
+    forged = {"url": receiver.url, "body": {"id": 1, "state": "completed", "result": "pay me"}}
+    with pytest.raises(InvalidJob, match="the queue's own"):
+        enqueue(webhooks.KIND, forged)
+    with pytest.raises(InvalidJob, match="the queue's own"):
+        bulk_enqueue([{"kind": "echo"}, {"kind": webhooks.KIND, "payload": forged}])
+    with pytest.raises(InvalidJob, match="the queue's own"):
+        enqueue("echo", {}, on_success={"kind": webhooks.KIND, "payload": forged})
+    with pytest.raises(CommandError, match="the queue's own"):
+        call_command("enqueue", "--kind", webhooks.KIND, "--payload", json.dumps(forged))
+    _, raw = api_auth.create("writer")
+    r = Client(headers={"X-API-Key": raw}).post(
+        "/api/jobs", json.dumps({"kind": webhooks.KIND, "payload": forged}), content_type="application/json"
+    )
+    assert r.status_code == 400 and r.json()["field"] == "kind"
+    assert not Job.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_deliverys_payload_cannot_be_edited_or_replaced_on_requeue(hooks, receiver, settings):
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "WEBHOOK_MAX_ATTEMPTS": 1}
+    enqueue("add", {"a": 1, "b": 2}, webhook_url=receiver.url)
+    run_one(kinds=["add"])
+    delivery = Job.objects.get(kind=webhooks.KIND)
+    signed = delivery.payload
+    events_before = Event.objects.filter(job_id=delivery.id).count()
+
+    with pytest.raises(InvalidJob, match="webhook delivery"):
+        transitions.change_payload(delivery.id, {"url": receiver.url, "body": {"forged": True}})
+    transitions.cancel(delivery.id)
+    with pytest.raises(InvalidJob, match="webhook delivery"):
+        transitions.requeue(delivery.id, payload={"url": receiver.url, "body": {"forged": True}})
+
+    delivery.refresh_from_db()
+    assert delivery.payload == signed
+    assert Event.objects.filter(job_id=delivery.id).count() == events_before + 1  # only the cancel
+    assert transitions.requeue(delivery.id).payload == signed  # as it was: allowed
