@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -186,6 +187,26 @@ def manage(*args, **popen):
     )
     _started.append(proc)
     return proc
+
+
+def read_until(proc, text, timeout=30):
+    """Read ``proc``'s output (a manage() Popen) line by line until a line contains
+    ``text``; return everything read so far. Fails on timeout or if ``proc`` exits first,
+    so a test waits for what it needs to have happened, not for a guessed time."""
+    lines, found = [], threading.Event()
+
+    def pump():
+        for line in proc.stdout:
+            lines.append(line)
+            if text in line:
+                found.set()
+                return
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    if not found.wait(timeout):
+        raise AssertionError(f"no line with {text!r} within {timeout}s; read: {''.join(lines)!r}")
+    return "".join(lines)
 
 
 def lease_settings(**overrides):

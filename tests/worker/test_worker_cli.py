@@ -20,7 +20,7 @@ from django.utils import timezone
 from queue_app import bulk_enqueue, enqueue
 from queue_app.models import EventType, Job, State, Worker, WorkerState
 from queue_app.worker import loop as worker
-from tests.worker_support import manage, wait_for
+from tests.worker_support import manage, read_until, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -335,13 +335,16 @@ def test_runworker_waits_out_a_database_that_refuses_it_and_starts_work_when_it_
     admin.execute(f'ALTER DATABASE "{s["NAME"]}" ALLOW_CONNECTIONS false')
     try:
         proc = manage(*RUNWORKER, "--name", "refused-at-start", "--burst")
-        time.sleep(2.0)
-        # Refused all along, it is still there (a worker that exits here crash-loops).
+        # Under load the process can take seconds to boot: wait for the refusal itself.
+        before = read_until(proc, "the database refused the start", timeout=60)
+        time.sleep(1.0)
+        # Refused, it is still there and retrying (a worker that exits here crash-loops).
         assert proc.poll() is None
     finally:
         admin.execute(f'ALTER DATABASE "{s["NAME"]}" ALLOW_CONNECTIONS true')
         admin.close()
-    out, _ = proc.communicate(timeout=60)
+    rest, _ = proc.communicate(timeout=60)
+    out = before + rest
 
     assert proc.returncode == 0, out
     assert out.count("the database refused the start") == 1  # once per episode
