@@ -214,6 +214,9 @@ JOBQUEUE = {
         "crashy": "queue_app.ops.samples.crashy",
         "shell": "queue_app.ops.samples.shell",
     },
+    # Where a django.tasks kind may be imported from (comma-separated); unset: the
+    # installed apps' and the project's packages.
+    "TASK_MODULES": env.list("JOBQUEUE_TASK_MODULES", default=None),
     # `enqueue --command` / the "shell" kind run shell commands on the workers.
     "SHELL_JOBS": env.bool("JOBQUEUE_SHELL_JOBS", default=False),
 }

@@ -42,3 +42,15 @@ class UnstorableResult(QueueError):
     def __init__(self, error):
         super().__init__(str(error))
         self.error = error
+
+
+class NotStarted(QueueError):
+    """A claimed job's attempt could not get as far as its handler: the database went
+    away while the worker prepared it (a Task job's history read). Nothing of the
+    handler ran, so it is tried again once the database answers; it is not a failure
+    of the job. ``error`` is the database's error."""
+
+    def __init__(self, job_id, error):
+        super().__init__(f"job {job_id} was not started: {error}")
+        self.job_id = job_id
+        self.error = error

@@ -134,3 +134,14 @@ def double_then_after(x):
     if x < 0:
         raise TaskBoom("negative")
     return 2 * x
+
+
+@options_task(max_attempts=1)
+def mark_once(path, n, seconds=0.0):
+    """One line per execution (the chaos tests count them); one attempt only, so any
+    execution lost to a fault shows as a dead letter, not as a quiet retry."""
+    with open(path, "a") as f:
+        f.write(f"{n}\n")
+    if seconds:
+        time.sleep(seconds)
+    return n

@@ -169,12 +169,12 @@ def database_url():
     return f"{scheme}://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or ''}/{s['NAME']}"
 
 
-def manage(*args, **popen):
-    """Start ``manage.py *args`` with the test database; return the Popen."""
+def manage(*args, extra_env=None, **popen):
+    """Start ``manage.py *args`` with the test database (and ``extra_env``); return the Popen."""
     # The developer's JOBQUEUE_* exports would change the subprocess's settings (the
     # in-process tests pin them in conftest); the project's defaults apply instead.
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBQUEUE_") and k != "SQLITE_TEST_NAME"}
-    env.update(DATABASE_URL=database_url(), PYTHONUNBUFFERED="1")
+    env.update(DATABASE_URL=database_url(), PYTHONUNBUFFERED="1", **(extra_env or {}))
     connections.close_all()
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "manage.py"), *args],

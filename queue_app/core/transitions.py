@@ -665,6 +665,26 @@ def release(job_id, *, worker_id, attempt, using=None):
     return True
 
 
+def release_orphans(worker_id, *, keep, using=None):
+    """Give back every job leased to ``worker_id`` (one exact owner) that is not in
+    ``keep`` (the ids that owner knows it holds); return their ids.
+
+    For a claim that failed as far as its caller could tell but committed (the answer
+    was lost with the connection): the owner never saw those jobs, so nothing of theirs
+    ran, and their attempts are given back now instead of spent by recovery a lease
+    later. Each goes through release(), so each gets its own fenced write and event."""
+    db = _db(using)
+    leased = Job.objects.using(db).leased().filter(lease_owner=worker_id).exclude(id__in=list(keep))
+    out = []
+    for job_id, attempt in leased.values_list("id", "attempts"):
+        if release(job_id, worker_id=worker_id, attempt=attempt, using=db):
+            log.warning(
+                "released id=%s worker=%s: claimed by a claim whose answer was lost", job_id, worker_id
+            )
+            out.append(job_id)
+    return out
+
+
 def renew(job_ids, *, worker_id, lease_seconds=None, using=None):
     """Extend this worker's leases (a heartbeat, not a transition: no event).
 

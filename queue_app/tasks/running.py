@@ -8,12 +8,12 @@ import inspect
 import logging
 
 from django.core.signals import setting_changed
-from django.db import router
+from django.db import InterfaceError, OperationalError, router
 from django.tasks import task_backends
 from django.tasks.signals import task_finished, task_started
 from django.utils.json import normalize_json
 
-from queue_app.exceptions import UnknownKind, UnstorableResult
+from queue_app.exceptions import NotStarted, UnknownKind, UnstorableResult
 from queue_app.handlers import context as running
 from queue_app.handlers import registry
 from queue_app.models import Job, State
@@ -72,7 +72,12 @@ def run(job, task, *, aside=contextlib.nullcontext):
     if "parent" in job.payload and "parent" not in kwargs and _takes_parent(task):
         kwargs = {**kwargs, "parent": job.payload["parent"]}
     alias, sender = _backend_for(task, _db(job))
-    result = results.running(job, task, alias)
+    try:
+        result = results.running(job, task, alias)
+    except (OperationalError, InterfaceError) as exc:
+        # The function has not been called: this is no failure of the task (the worker
+        # waits for the database and starts it again).
+        raise NotStarted(job.id, exc) from exc
     with aside():
         task_started.send(sender=sender, task_result=result)
     job._task_started = (task, alias, sender, result)

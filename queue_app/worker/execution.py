@@ -15,7 +15,7 @@ import uuid
 from django.utils import timezone
 
 from queue_app.core import events, transitions, validation
-from queue_app.exceptions import UnknownKind, UnstorableResult
+from queue_app.exceptions import NotStarted, UnknownKind, UnstorableResult
 from queue_app.handlers import context as running
 from queue_app.handlers import registry
 from queue_app.tasks import running as task_running
@@ -96,6 +96,8 @@ def execute(job, worker_id, *, abort_probe=None, using=None):
     output = capture.Capture()  # what the handler prints goes with the attempt's event
     try:
         result = attempt(job, worker_id, output, abort_probe=abort_probe)
+    except NotStarted:
+        raise  # not the job's failure: its handler was never called
     except HANDLER_ERRORS as exc:
         return settle_failure(job, worker_id, exc, output, using=using)
     done = transitions.complete(

@@ -26,7 +26,8 @@ from django.utils import timezone
 
 from queue_app.conf import settings
 from queue_app.core import transitions
-from queue_app.worker import capture, execution
+from queue_app.exceptions import NotStarted
+from queue_app.worker import capture, execution, outages
 from queue_app.worker.wakeup import Waiter
 
 log = logging.getLogger("queue_app")
@@ -186,9 +187,14 @@ class Loop:
                     jobs = self._settle_and_claim(limit)
                     self.claim_errors = 0
                 except Exception as exc:
-                    # The traceback once per outage; a line per retry after that.
                     self.claim_errors += 1
-                    if self.claim_errors == 1:
+                    close_old_connections()
+                    connection.close()
+                    if outages.is_outage(exc):
+                        # Expected, and said once per episode (outages.py).
+                        outages.wait_for_database(self.owner, exc, self.stopping)
+                    elif self.claim_errors == 1:
+                        # The traceback once; a line per retry after that.
                         log.exception(
                             "claim failed worker=%s; retrying every %ss", self.owner, self.options.poll
                         )
@@ -196,8 +202,7 @@ class Loop:
                         log.warning(
                             "claim failed again worker=%s (%s times): %s", self.owner, self.claim_errors, exc
                         )
-                    close_old_connections()
-                    connection.close()
+                    self._release_orphans()
                     jobs = []
                 self.budget.give_back(limit - len(jobs))
                 self.waiter.claimed(len(jobs), limit)
@@ -232,7 +237,20 @@ class Loop:
         # The supervisor flags an abort request in this thread's cell (aborting.py).
         probe = functools.partial(self.slots.abort_requested, i, job.id)
         try:
-            self._execute_batched(job, probe)
+            while True:
+                try:
+                    self._execute_batched(job, probe)
+                    break
+                except NotStarted as exc:
+                    # Its handler was never called: once the database answers, start it
+                    # (the lease is still ours: the supervisor renews what is running).
+                    if outages.wait_for_database(self.owner, exc.error, self.stopping) is None:
+                        log.warning(
+                            "left unstarted id=%s worker=%s: stopping while the database is away",
+                            job.id,
+                            self.owner,
+                        )
+                        break
         except Exception:
             # Settling failed (database gone?): the lease lapses and recovery takes it back.
             log.exception("could not settle id=%s worker=%s", job.id, self.owner)
@@ -248,11 +266,14 @@ class Loop:
     def _abort_unstarted(self, job):
         """Cancel a claimed job whose abort the supervisor flagged before it started."""
         try:
-            transitions.abort(
+            outages.retrying(
+                transitions.abort,
                 job.id,
                 worker_id=self.owner,
                 attempt=job.attempts,
                 how="was not started (its abort was requested while it waited its turn)",
+                who=self.owner,
+                stopping=self.stopping,
             )
         except Exception:
             log.exception("could not cancel id=%s worker=%s; its lease will lapse", job.id, self.owner)
@@ -270,8 +291,13 @@ class Loop:
         output = capture.Capture()  # as execute(): per thread, kept with the attempt
         try:
             result = execution.attempt(job, self.owner, output, abort_probe=abort_probe)
+        except NotStarted:
+            raise
         except execution.HANDLER_ERRORS as exc:
-            execution.settle_failure(job, self.owner, exc, output)
+            # Fenced, so a retry after a reconnect is safe even if the first try committed.
+            outages.retrying(
+                execution.settle_failure, job, self.owner, exc, output, who=self.owner, stopping=self.stopping
+            )
             return
         with self.ack_lock:
             if not self.acks:
@@ -314,11 +340,18 @@ class Loop:
     def _acknowledge(self, acks):
         now = timezone.now()
         try:
-            completed = transitions.complete_many(
-                [(*a[:3], a[4]) for a in acks], worker_id=self.owner, now=now
+            # The jobs keep their Slots cells meanwhile, so the supervisor renews them.
+            completed = outages.retrying(
+                transitions.complete_many,
+                [(*a[:3], a[4]) for a in acks],
+                worker_id=self.owner,
+                now=now,
+                who=self.owner,
+                stopping=self.stopping,
             )
         except Exception:
-            # The leases lapse and recovery hands the jobs out again: at-least-once.
+            # Stopping with the database away (or a bug): the leases lapse and recovery
+            # hands the jobs out again: at-least-once.
             log.exception("could not acknowledge %s jobs worker=%s", len(acks), self.owner)
             connection.close()
             return
@@ -354,6 +387,20 @@ class Loop:
             execution.acknowledged([(a[5], a[2]) for a in acks], completed, now)
             return execution.claimed(jobs, now)
 
+    def _release_orphans(self):
+        """After a claim that failed: if it committed and only its answer was lost, the
+        jobs it leased are ours but unknown to us; give them back (transitions.release_orphans)."""
+        # Under ack_lock no job moves from running to awaiting acknowledgement, so held()
+        # misses nothing this child holds; claims are serialised by self.lock.
+        try:
+            with self.ack_lock:
+                keep = set(self.slots.held())
+            transitions.release_orphans(self.owner, keep=keep)
+        except Exception as exc:
+            if not outages.is_outage(exc):
+                log.exception("could not release orphaned claims worker=%s", self.owner)
+            connection.close()
+
     def _release_buffer(self):
         self._flush_acks()
         while self.buffer:
@@ -372,6 +419,7 @@ def child_main(options, owner, slots, budget, parent_pid):
     code = 0
     try:
         _die_with_parent(parent_pid)
+        outages.forked()
         connections.close_all()
         Loop(options, owner, slots, budget).run()
     except BaseException:

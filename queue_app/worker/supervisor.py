@@ -45,9 +45,9 @@ from django.db import DatabaseError, connections
 from queue_app.conf import settings
 from queue_app.core import aborting, events, flow, transitions
 from queue_app.tasks import running as task_running
+from queue_app.worker import outages, wakeup
 from queue_app.worker import registry as workers
 from queue_app.worker import schedules as scheduling
-from queue_app.worker import wakeup
 from queue_app.worker.loop import Options, child_main
 from queue_app.worker.slots import Budget, Slots, WakeUps
 
@@ -475,11 +475,17 @@ class Supervisor:
         """Call a database chore; a failure is logged and retried on the next tick, never
         allowed to take the supervisor (and its children's work) down."""
         try:
-            return func(*args, **kwargs)
-        except Exception:
-            log.exception("worker %s: %s failed", self.options.name, getattr(func, "__name__", func))
+            value = func(*args, **kwargs)
+        except Exception as exc:
+            if outages.is_outage(exc):
+                # Expected now and then: one line when it starts, one when it ends.
+                outages.episodes.began(self.options.name, exc)
+            else:
+                log.exception("worker %s: %s failed", self.options.name, getattr(func, "__name__", func))
             connections.close_all()
             return default
+        outages.answered(self.options.name)
+        return value
 
 
 def run(options=None):

@@ -118,6 +118,22 @@ def test_release_gives_the_job_back_without_consuming_an_attempt(enqueue_job):
     assert last_event(job).type == "released"
 
 
+def test_release_orphans_gives_back_what_the_owner_does_not_know_it_holds_and_nothing_else(enqueue_job):
+    for n in range(4):
+        enqueue_job("echo", {"n": n})
+    known, orphan = transitions.claim("w1/0.1", limit=2)
+    other = transitions.claim("w1/0.2", limit=1)[0]  # the same worker's other child
+
+    assert transitions.release_orphans("w1/0.1", keep={known.id}) == [orphan.id]
+
+    rows = {j.id: j for j in Job.objects.all()}
+    assert (rows[orphan.id].state, rows[orphan.id].attempts, rows[orphan.id].lease_owner) == ("pending", 0, None)
+    assert last_event(rows[orphan.id]).type == "released"
+    assert (rows[known.id].state, rows[known.id].lease_owner) == ("leased", "w1/0.1")
+    assert (rows[other.id].state, rows[other.id].lease_owner) == ("leased", "w1/0.2")
+    assert transitions.release_orphans("w1/0.1", keep={known.id}) == []
+
+
 def test_renew_extends_only_this_workers_leases():
     mine = JobFactory(leased=True, lease_owner="w1")
     theirs = JobFactory(leased=True, lease_owner="w2")

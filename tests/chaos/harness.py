@@ -1,0 +1,148 @@
+"""What a chaos scenario counts, and the faults it injects.
+
+Each scenario enqueues jobs through the public API, each execution appends a line to a
+marker file (tests.sample_tasks.mark_once), and at the end the marker file and the
+event table are read back: executed, never executed, duplicates (and how many of them
+the events explain: a second execution needs a `recovered` or `failed` event before it),
+stuck (not finished when the scenario ends), lost (finished without ever running, or
+gone). It prints one JSON line and fails on lost > 0, stuck > 0 or an unexplained
+duplicate.
+
+Sizes: JOBQUEUE_CHAOS_JOBS (small by default, for CI; `make chaos` sets the full ones).
+"""
+
+import contextlib
+import json
+import os
+import time
+from collections import Counter
+
+from django.db import connection, connections
+
+from queue_app.models import Event, EventType, Job, State
+
+JOBS = int(os.environ.get("JOBQUEUE_CHAOS_JOBS", "600"))
+# For manage() workers: the tests' @task functions may be run.
+TASKS_ENV = {"JOBQUEUE_TASK_MODULES": "queue_app,jobqueue_project,tests"}
+FINISHED = (State.COMPLETED, State.DEAD_LETTER, State.CANCELLED)
+
+
+def runs(marker):
+    """{n: executions} from the marker file."""
+    if not marker.exists():
+        return Counter()
+    return Counter(int(line) for line in marker.read_text().split())
+
+
+def wait_for_runs(marker, at_least, timeout=120):
+    end = time.monotonic() + timeout
+    while sum(runs(marker).values()) < at_least:
+        if time.monotonic() > end:
+            raise AssertionError(f"fewer than {at_least} executions after {timeout}s")
+        time.sleep(0.02)
+
+
+def wait_finished(ids, timeout=120):
+    """Wait until every job of ``ids`` has finished (or ``timeout``); return the seconds taken."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        connections.close_all()  # a fault may have killed this connection too
+        if not Job.objects.filter(id__in=ids).exclude(state__in=FINISHED).exists():
+            break
+        time.sleep(0.2)
+    return time.monotonic() - start
+
+
+def tally(scenario, ids, marker, **extra):
+    """``ids`` is {n: job id}. Return the scenario's counts (and print them as one JSON line)."""
+    connections.close_all()
+    executed = runs(marker)
+    jobs = {j.id: j for j in Job.objects.filter(id__in=ids.values())}
+    second_chances = Counter(
+        Event.objects.filter(
+            job_id__in=ids.values(), type__in=[EventType.RECOVERED, EventType.FAILED]
+        ).values_list("job_id", flat=True)
+    )
+    out = Counter()
+    for n, job_id in ids.items():
+        times = executed.get(n, 0)
+        job = jobs.get(job_id)
+        out["executed"] += times > 0
+        out["never_executed"] += times == 0
+        if times > 1:
+            out["duplicates"] += times - 1
+            out["duplicates_explained"] += min(times - 1, second_chances[job_id])
+        if job is None or (job.state in FINISHED and times == 0 and job.state != State.CANCELLED):
+            out["lost"] += 1
+        elif job.state not in FINISHED:
+            out["stuck"] += 1
+        out[job.state if job else "missing"] += 1
+    result = {
+        "scenario": scenario,
+        "db": connection.vendor,
+        "jobs": len(ids),
+        **{
+            k: out[k]
+            for k in ("executed", "never_executed", "duplicates", "duplicates_explained", "stuck", "lost")
+        },
+        "states": {k: v for k, v in out.items() if k in State.values or k == "missing"},
+        **extra,
+    }
+    print(json.dumps(result))
+    return result
+
+
+def check(result):
+    """The scenario's verdict: nothing lost, nothing stuck, every duplicate explained."""
+    assert result["lost"] == 0, result
+    assert result["stuck"] == 0, result
+    assert result["duplicates"] == result["duplicates_explained"], result
+
+
+# --- faults -------------------------------------------------------------------------------
+
+
+def admin_connection():
+    """A connection to the server outside the test database, to inject faults from."""
+    s = connection.settings_dict
+    if connection.vendor == "postgresql":
+        import psycopg
+
+        return psycopg.connect(
+            host=s["HOST"] or "127.0.0.1",
+            port=s["PORT"] or 5432,
+            user=s["USER"],
+            dbname="postgres",
+            autocommit=True,
+        )
+    import MySQLdb
+
+    return MySQLdb.connect(
+        host=s["HOST"] or "127.0.0.1", port=int(s["PORT"] or 3306), user=s["USER"], passwd=s["PASSWORD"] or ""
+    )
+
+
+def restart(admin, seconds):
+    """The test database goes away as in a restart: every connection to it is cut, and
+    (PostgreSQL) new ones are refused for ``seconds``. MariaDB cannot refuse one
+    database's connections to root, so there it is the cut alone, then the pause."""
+    name = connection.settings_dict["NAME"]
+    if connection.vendor == "postgresql":
+        admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+        try:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+                [name],
+            )
+            time.sleep(seconds)
+        finally:
+            admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+    else:
+        cur = admin.cursor()
+        cur.execute(
+            "SELECT id FROM information_schema.processlist WHERE db = %s AND id <> CONNECTION_ID()", [name]
+        )
+        for (pid,) in cur.fetchall():
+            with contextlib.suppress(Exception):  # it ended on its own meanwhile
+                cur.execute(f"KILL {int(pid)}")
+        time.sleep(seconds)
