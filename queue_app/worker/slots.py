@@ -2,7 +2,9 @@
 fork): what each child is running, which finished jobs await their batched
 acknowledgement, the --max-jobs budget, and the wake-ups handed to idle children."""
 
+import contextlib
 import ctypes
+import multiprocessing
 import time
 from multiprocessing.sharedctypes import RawArray
 
@@ -20,6 +22,11 @@ class Slots:
     claimed but not started yet (the child's buffer), so the supervisor renews exactly
     what the child still holds, releases exactly what it never started, and can flag an
     abort before the job starts. Doubles hold ids exactly up to 2**53.
+
+    The third cell of a buffered job is its flag: the job's id to have it cancelled (an
+    abort), minus its id when the supervisor took it back (it sat unstarted for too
+    long, or its lease was lost): the child must then not start it. ``lock`` makes
+    "take back unless started" and "start unless taken back" exclusive.
     """
 
     WIDTH = 5
@@ -31,6 +38,7 @@ class Slots:
         self.ack_base = threads * self.WIDTH + 2
         self.buffer_base = self.ack_base + 2 * acks
         self.cells = RawArray(ctypes.c_double, self.buffer_base + 3 * buffered)
+        self.lock = multiprocessing.get_context("fork").Lock()
         self.free_acks = list(range(acks))  # used only by the child, after the fork
         self.free_buffered = list(range(buffered))  # likewise
 
@@ -66,17 +74,42 @@ class Slots:
     def buffered_abort_requested(self, i, job_id):
         return int(self.cells[self.buffer_base + 3 * i + 2]) == job_id
 
+    def taken_back(self, i, job_id):
+        """Whether the supervisor took buffered ``job_id`` (in cell ``i``) back."""
+        return int(self.cells[self.buffer_base + 3 * i + 2]) == -job_id
+
+    @contextlib.contextmanager
+    def locked(self, timeout=0.5):
+        """Hold ``lock`` for the supervisor, yielding whether it got it: a child stopped
+        (SIGSTOP) while holding it must not stop its supervisor too."""
+        got = self.lock.acquire(timeout=timeout)
+        try:
+            yield got
+        finally:
+            if got:
+                self.lock.release()
+
+    def take_back(self, job_id):
+        """Flag buffered ``job_id`` so the child never starts it; return whether it was
+        still buffered (and not started: call it holding ``lock``)."""
+        for base in range(self.buffer_base, len(self.cells), 3):
+            if int(self.cells[base]) == job_id:
+                self.cells[base + 2] = -job_id
+                return True
+        return False
+
     def drop_buffered(self, i):
         """Forget a buffered job: started (its running cell is set first), or given back."""
         self.cells[self.buffer_base + 3 * i] = 0
         self.free_buffered.append(i)
 
     def buffered(self):
-        """Return [(job_id, attempt, abort flagged)] of the jobs waiting in the buffer."""
+        """Return [(job_id, attempt, abort flagged)] of the jobs waiting in the buffer
+        (not those taken back: they are no longer the child's)."""
         out = []
         for base in range(self.buffer_base, len(self.cells), 3):
             job_id = int(self.cells[base])
-            if job_id:
+            if job_id and int(self.cells[base + 2]) != -job_id:
                 out.append((job_id, int(self.cells[base + 1]), int(self.cells[base + 2]) == job_id))
         return out
 

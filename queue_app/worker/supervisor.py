@@ -72,6 +72,7 @@ class Child:
         self.timed_out = None  # (job_id, attempt, timeout) once killed for overrunning
         self.aborts = {}  # job_id -> (attempt, kill deadline) once its abort was requested
         self.killed_for_abort = False
+        self.buffered_since = {}  # (job_id, attempt) -> when the heartbeat first saw it buffered
 
 
 def _timeout_error(job_id, seconds):
@@ -457,13 +458,40 @@ class Supervisor:
     def _heartbeat(self):
         in_hand = 0
         for child in list(self.children.values()):
+            self._take_back_waiting(child)
             held = child.slots.held()
             in_hand += len(held)
             if held:
-                self._guard(
+                renewed = self._guard(
                     transitions.renew, list(held), worker_id=child.owner, lease_seconds=self.options.lease
                 )
+                if renewed is not None:
+                    # Lost meanwhile (the child stalled past its lease, say): running them
+                    # now would run them twice for nothing.
+                    with child.slots.locked() as got:
+                        for job_id in set(held) - renewed if got else ():
+                            child.slots.take_back(job_id)
         self._guard(workers.heartbeat, self.record.id, jobs_in_hand=in_hand, jobs_done=self._jobs_done())
+
+    def _take_back_waiting(self, child):
+        """Give back the jobs a child has held unstarted for a third of the lease: it is
+        stalled, hung, or busy with a long job, and they can run elsewhere at once instead
+        of when their lease lapses (with their attempt returned, as they never ran)."""
+        now = time.monotonic()
+        buffered = {(job_id, attempt) for job_id, attempt, _ in child.slots.buffered()}
+        since = child.buffered_since = {key: child.buffered_since.get(key, now) for key in buffered}
+        for (job_id, attempt), first in since.items():
+            if now - first < self.options.lease / 3:
+                continue
+            with child.slots.locked() as got:
+                taken = got and child.slots.take_back(job_id)
+            if taken and self._guard(transitions.release, job_id, worker_id=child.owner, attempt=attempt):
+                log.warning(
+                    "took back id=%s from %s: claimed %.0fs ago and not started",
+                    job_id,
+                    child.owner,
+                    now - first,
+                )
 
     def _recover(self):
         self._guard(transitions.recover)

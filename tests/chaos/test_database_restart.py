@@ -24,7 +24,9 @@ def test_two_database_restarts_during_a_drain_lose_no_job_and_run_none_twice(tmp
     if connection.vendor == "sqlite":
         pytest.skip("SQLite has no server to restart (its faults are locks and a full disk)")
     marker = tmp_path / "runs"
-    ids = {n: int(sample_tasks.mark_once.enqueue(str(marker), n, seconds=0.01).id) for n in range(harness.JOBS)}
+    ids = {
+        n: int(sample_tasks.mark_once.enqueue(str(marker), n, seconds=0.01).id) for n in range(harness.JOBS)
+    }
     admin = harness.admin_connection()
     proc = manage(
         "runworker",

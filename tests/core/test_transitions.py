@@ -127,7 +127,11 @@ def test_release_orphans_gives_back_what_the_owner_does_not_know_it_holds_and_no
     assert transitions.release_orphans("w1/0.1", keep={known.id}) == [orphan.id]
 
     rows = {j.id: j for j in Job.objects.all()}
-    assert (rows[orphan.id].state, rows[orphan.id].attempts, rows[orphan.id].lease_owner) == ("pending", 0, None)
+    assert (rows[orphan.id].state, rows[orphan.id].attempts, rows[orphan.id].lease_owner) == (
+        "pending",
+        0,
+        None,
+    )
     assert last_event(rows[orphan.id]).type == "released"
     assert (rows[known.id].state, rows[known.id].lease_owner) == ("leased", "w1/0.1")
     assert (rows[other.id].state, rows[other.id].lease_owner) == ("leased", "w1/0.2")

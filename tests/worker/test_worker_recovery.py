@@ -181,3 +181,35 @@ def test_a_dead_childs_unrecorded_claims_are_taken_back_at_once_not_after_their_
         EventType.CLAIMED,
         EventType.COMPLETED,
     ]
+
+
+def test_a_hung_childs_unstarted_jobs_are_taken_back_and_run_elsewhere_once(tmp_path):
+    # One child, a batch of 5: the first runs (and hangs), four wait behind it.
+    first = enqueue("mark", {"path": str(tmp_path / "first"), "seconds": 0.5})
+    rest = [enqueue("mark", {"path": str(tmp_path / f"rest{n}")}) for n in range(4)]
+    hung = start_worker(concurrency=1, batch=5, lease=3.0, name="hung", recovery_interval=0.2)
+    wait_for(lambda: (tmp_path / "first").exists(), timeout=10, what="the first job to start")
+    child = int((tmp_path / "first").read_text())
+    os.kill(child, signal.SIGSTOP)  # mid-job, with four claimed and unstarted
+    try:
+        started = time.monotonic()
+        other = start_worker(concurrency=1, batch=5, lease=3.0, name="other")
+        wait_for(
+            lambda: Job.objects.filter(id__in=[j.id for j in rest], state=State.COMPLETED).count() == 4,
+            timeout=15,
+            what="the four waiting jobs to run elsewhere",
+        )
+        # Within one lease (3 s) and a heartbeat of the stall, not when a lease lapses.
+        assert time.monotonic() - started < 3.0 + 1.5
+        # The running one is still the hung child's: its supervisor renews it.
+        assert Job.objects.get(id=first.id).state == State.LEASED
+    finally:
+        os.kill(child, signal.SIGCONT)
+    wait_for(lambda: Job.objects.get(id=first.id).state == State.COMPLETED, timeout=10, what="the first job")
+    assert stop(hung) == 0 and stop(other) == 0
+
+    # Each ran once: the resumed child did not start what it had been relieved of.
+    assert all(len((tmp_path / f"rest{n}").read_text().split()) == 1 for n in range(4))
+    for job in rest:
+        assert events(job)[:3] == [EventType.ENQUEUED, EventType.CLAIMED, EventType.RELEASED]
+        assert Job.objects.get(id=job.id).attempts == 1
