@@ -445,6 +445,8 @@ class Worker(models.Model):
     stop_requested_at = models.DateTimeField(null=True, blank=True)
     jobs_in_hand = models.PositiveIntegerField(default=0)
     jobs_done = models.PositiveBigIntegerField(default=0)
+    # Database outages this worker waited out (worker/outages.py): jobqueue_db_reconnects_total.
+    db_reconnects = models.PositiveBigIntegerField(default=0)
 
     objects = WorkerQuerySet.as_manager()
 

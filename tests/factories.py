@@ -5,7 +5,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.utils import timezone
 
-from queue_app.models import DeadLetter, Event, Job, State
+from queue_app.models import DeadLetter, Event, Job, State, Worker
 
 
 class JobFactory(factory.django.DjangoModelFactory):
@@ -71,3 +71,13 @@ def make_staff(username, *perms):
         app, codename = perm.split(".")
         user.user_permissions.add(Permission.objects.get(content_type__app_label=app, codename=codename))
     return user
+
+
+class WorkerFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Worker
+
+    name = factory.Sequence(lambda n: f"host:{100 + n}:abc{n}")
+    host = "host"
+    pid = factory.Sequence(lambda n: 100 + n)
+    queues = ["*"]

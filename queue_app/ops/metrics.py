@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import connections, router, transaction
-from django.db.models import Count, F
+from django.db.models import Count, F, Sum
 from django.utils import timezone
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -50,6 +50,7 @@ from queue_app.models import (
     JobDuration,
     MetricsCheckpoint,
     State,
+    Worker,
 )
 from queue_app.ops import reads
 
@@ -79,6 +80,7 @@ class Snapshot:
     durations: dict  # kind -> (per-bucket counts incl. +Inf, count, sum)
     workers: dict  # worker state -> count
     dead_letters: int
+    db_reconnects: int = 0  # database outages the workers waited out, over all Worker rows
 
 
 def _db(using):
@@ -278,6 +280,7 @@ def snapshot(*, using=None, now=None):
         durations=folded,
         workers={s: n for s, n in reads.worker_counts(using=db, now=now).items() if s in WORKER_STATES},
         dead_letters=DeadLetter.objects.using(db).unresolved().count(),
+        db_reconnects=Worker.objects.using(db).aggregate(n=Sum("db_reconnects"))["n"] or 0,
     )
 
 
@@ -343,6 +346,12 @@ def families(snap):
         f.add_metric([state], snap.workers.get(state, 0))
     yield f
     yield GaugeMetricFamily("jobqueue_dead_letters", "Unresolved dead letters.", value=snap.dead_letters)
+    yield CounterMetricFamily(
+        "jobqueue_db_reconnects",
+        "Database outages workers waited out (each one a lost connection or refused writes, then a"
+        " reconnect), summed over the registered workers.",
+        value=snap.db_reconnects,
+    )
 
 
 def _le(bound):

@@ -428,7 +428,7 @@ def child_main(options, owner, slots, budget, parent_pid):
     code = 0
     try:
         _die_with_parent(parent_pid)
-        outages.forked()
+        outages.forked(on_begin=slots.add_reconnect)
         connections.close_all()
         Loop(options, owner, slots, budget).run()
     except BaseException:

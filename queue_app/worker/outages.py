@@ -37,10 +37,11 @@ def is_outage(exc):
 class _Episodes:
     """This process's outage bookkeeping, shared by its threads."""
 
-    def __init__(self):
+    def __init__(self, on_begin=None):
         self.lock = threading.Lock()
         self.down_since = None
-        self.count = 0
+        self.count = 0  # episodes begun: jobqueue_db_reconnects_total, via the Worker row
+        self.on_begin = on_begin
 
     def began(self, who, exc):
         with self.lock:
@@ -48,6 +49,8 @@ class _Episodes:
                 return
             self.down_since = time.monotonic()
             self.count += 1
+            if self.on_begin is not None:
+                self.on_begin()
         log.warning(
             "database unavailable worker=%s (%s: %s); waiting for it, retrying every %s-%ss",
             who,
@@ -67,10 +70,11 @@ class _Episodes:
 episodes = _Episodes()
 
 
-def forked():
-    """In a freshly forked child: its parent's episode is not its own."""
+def forked(on_begin=None):
+    """In a freshly forked child: its parent's episodes are not its own; ``on_begin``
+    is called as each of its own begins (to count it where the supervisor sees it)."""
     global episodes
-    episodes = _Episodes()
+    episodes = _Episodes(on_begin)
 
 
 def wait_for_database(who, exc, stopping=None, delay=FIRST_DELAY):

@@ -65,10 +65,13 @@ def register(name, *, pid, queues, kinds, concurrency, threads):
         return old
 
 
-def heartbeat(worker_id, *, jobs_in_hand=0, jobs_done=0):
+def heartbeat(worker_id, *, jobs_in_hand=0, jobs_done=0, db_reconnects=0):
     """Stamp the worker's heartbeat."""
     Worker.objects.filter(id=worker_id).update(
-        last_heartbeat=timezone.now(), jobs_in_hand=jobs_in_hand, jobs_done=jobs_done
+        last_heartbeat=timezone.now(),
+        jobs_in_hand=jobs_in_hand,
+        jobs_done=jobs_done,
+        db_reconnects=db_reconnects,
     )
 
 
@@ -80,10 +83,15 @@ def mark_stopping(worker_id):
     Worker.objects.filter(id=worker_id).update(state=WorkerState.STOPPING, last_heartbeat=timezone.now())
 
 
-def deregister(worker_id, *, jobs_done=0):
+def deregister(worker_id, *, jobs_done=0, db_reconnects=0):
     now = timezone.now()
     Worker.objects.filter(id=worker_id).update(
-        state=WorkerState.STOPPED, stopped_at=now, last_heartbeat=now, jobs_in_hand=0, jobs_done=jobs_done
+        state=WorkerState.STOPPED,
+        stopped_at=now,
+        last_heartbeat=now,
+        jobs_in_hand=0,
+        jobs_done=jobs_done,
+        db_reconnects=db_reconnects,
     )
 
 

@@ -15,8 +15,8 @@ class Slots:
     Per thread: job id, attempt, start (time.monotonic(), which every process on the
     host shares), timeout in seconds (0: none) and the id of the job the supervisor
     asks it to abort (aborting.py; an id, so a flag meant for a finished job is inert).
-    Then two cells for the whole child: a clean-exit flag and the count of jobs it
-    finished. Then (id, attempt) pairs of jobs that finished but whose batched
+    Then three cells for the whole child: a clean-exit flag, the count of jobs it
+    finished, and the count of database outages it waited out (outages.py). Then (id, attempt) pairs of jobs that finished but whose batched
     acknowledgement is not yet committed: if the child dies, the supervisor records
     those as run-and-lost rather than unstarted. Then (id, attempt, abort id) of jobs
     claimed but not started yet (the child's buffer), so the supervisor renews exactly
@@ -35,7 +35,7 @@ class Slots:
         self.threads = threads
         # The supervisor's WakeUps, shared by all its children (None: each child polls).
         self.wakeups = wakeups
-        self.ack_base = threads * self.WIDTH + 2
+        self.ack_base = threads * self.WIDTH + 3
         self.buffer_base = self.ack_base + 2 * acks
         self.cells = RawArray(ctypes.c_double, self.buffer_base + 3 * buffered)
         self.lock = multiprocessing.get_context("fork").Lock()
@@ -179,6 +179,13 @@ class Slots:
 
     def add_done(self, n=1):
         self.cells[self.threads * self.WIDTH + 1] += n
+
+    @property
+    def reconnects(self):
+        return int(self.cells[self.threads * self.WIDTH + 2])
+
+    def add_reconnect(self):
+        self.cells[self.threads * self.WIDTH + 2] += 1
 
 
 class Budget:

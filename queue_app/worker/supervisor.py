@@ -115,6 +115,7 @@ class Supervisor:
         self.stop_deadline = None
         self.record = None
         self.done_by_gone = 0
+        self.reconnects_by_gone = 0
         self.next_abort_check = 0.0
         self.run_token = uuid.uuid4().hex[:12]
 
@@ -249,7 +250,9 @@ class Supervisor:
             "worker %s stopping at once: its running jobs fail, the rest are released", self.options.name
         )
         self._kill_all("second signal", settle="a second stop signal came")
-        self._guard(workers.deregister, self.record.id, jobs_done=self._jobs_done())
+        self._guard(
+            workers.deregister, self.record.id, jobs_done=self._jobs_done(), db_reconnects=self._reconnects()
+        )
         return 1
 
     def _finish(self):
@@ -265,7 +268,9 @@ class Supervisor:
                     attempt,
                     owner,
                 )
-        self._guard(workers.deregister, self.record.id, jobs_done=self._jobs_done())
+        self._guard(
+            workers.deregister, self.record.id, jobs_done=self._jobs_done(), db_reconnects=self._reconnects()
+        )
         log.info("worker %s stopped after %s jobs", self.options.name, self._jobs_done())
 
     # --- children ------------------------------------------------------------------------
@@ -311,6 +316,7 @@ class Supervisor:
         for pid, child in list(self.children.items()):
             _, status = os.waitpid(pid, 0)
             self.done_by_gone += child.slots.done
+            self.reconnects_by_gone += child.slots.reconnects
             del self.children[pid]
             if settle:
                 self._settle_dead_child(child, status, shutdown=settle)
@@ -346,6 +352,7 @@ class Supervisor:
             if child is None:
                 continue
             self.done_by_gone += child.slots.done
+            self.reconnects_by_gone += child.slots.reconnects
             clean = child.slots.clean and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
             if not clean:
                 self._settle_dead_child(child, status)
@@ -471,7 +478,13 @@ class Supervisor:
                     with child.slots.locked() as got:
                         for job_id in set(held) - renewed if got else ():
                             child.slots.take_back(job_id)
-        self._guard(workers.heartbeat, self.record.id, jobs_in_hand=in_hand, jobs_done=self._jobs_done())
+        self._guard(
+            workers.heartbeat,
+            self.record.id,
+            jobs_in_hand=in_hand,
+            jobs_done=self._jobs_done(),
+            db_reconnects=self._reconnects(),
+        )
 
     def _take_back_waiting(self, child):
         """Give back the jobs a child has held unstarted for a third of the lease: it is
@@ -498,6 +511,14 @@ class Supervisor:
 
     def _jobs_done(self):
         return self.done_by_gone + sum(c.slots.done for c in self.children.values())
+
+    def _reconnects(self):
+        """Database outages this worker waited out: its own and its children's."""
+        return (
+            outages.episodes.count
+            + self.reconnects_by_gone
+            + sum(c.slots.reconnects for c in self.children.values())
+        )
 
     def _guard(self, func, *args, default=None, **kwargs):
         """Call a database chore; a failure is logged and retried on the next tick, never

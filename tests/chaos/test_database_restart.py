@@ -11,6 +11,7 @@ import signal
 import pytest
 from django.db import connection, connections
 
+from queue_app.models import Worker
 from tests import sample_tasks
 from tests.chaos import harness
 from tests.worker_support import manage
@@ -63,3 +64,5 @@ def test_two_database_restarts_during_a_drain_lose_no_job_and_run_none_twice(tmp
     # An expected event: a warning when it starts and when it ends, no tracebacks.
     assert "database unavailable" in out, out
     assert "Traceback" not in out, out
+    # Counted where /metrics reads it (jobqueue_db_reconnects_total): at least one per restart.
+    assert Worker.objects.get(name="restarted").db_reconnects >= 2, out

@@ -9,7 +9,7 @@ from queue_app import enqueue
 from queue_app.core import transitions
 from queue_app.models import JOB_STATUSES, Event, EventType, MetricsCheckpoint, State, Worker, WorkerState
 from queue_app.ops import metrics
-from tests.factories import DeadLetterFactory, EventFactory, JobFactory
+from tests.factories import DeadLetterFactory, EventFactory, JobFactory, WorkerFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -24,6 +24,7 @@ FAMILIES = [
     "jobqueue_job_duration_seconds",
     "jobqueue_workers",
     "jobqueue_dead_letters",
+    "jobqueue_db_reconnects",
 ]
 
 
@@ -62,6 +63,7 @@ def test_an_empty_queue_exports_every_family_with_explicit_zeros(client):
     assert value(fams, "jobqueue_late_jobs") == 0
     assert value(fams, "jobqueue_oldest_pending_seconds") == 0
     assert value(fams, "jobqueue_dead_letters") == 0
+    assert value(fams, "jobqueue_db_reconnects", "jobqueue_db_reconnects_total") == 0
     assert (
         value(fams, "jobqueue_job_duration_seconds", "jobqueue_job_duration_seconds_count", kind="echo") == 0
     )
@@ -80,6 +82,12 @@ def test_job_gauges_count_by_state_kind_and_queue():
     assert value(fams, "jobqueue_jobs_by_queue", queue="mail", state="leased") == 1
     assert value(fams, "jobqueue_jobs_by_queue", queue="mail", state="completed") == 0
     assert value(fams, "jobqueue_dead_letters") == 1
+
+
+def test_db_reconnects_total_sums_the_outages_every_worker_waited_out_stopped_ones_too():
+    WorkerFactory(db_reconnects=2)
+    WorkerFactory(db_reconnects=3, state=WorkerState.STOPPED)
+    assert value(scrape(), "jobqueue_db_reconnects", "jobqueue_db_reconnects_total") == 5
 
 
 def test_oldest_pending_seconds_measures_the_oldest_ready_job():

@@ -10,7 +10,6 @@ import urllib.request
 from datetime import timedelta
 from io import StringIO
 
-import factory
 import psycopg
 import pytest
 from django.core.management import CommandError, call_command
@@ -20,21 +19,12 @@ from django.utils import timezone
 from queue_app import bulk_enqueue, enqueue
 from queue_app.models import EventType, Job, State, Worker, WorkerState
 from queue_app.worker import loop as worker
+from tests.factories import WorkerFactory
 from tests.worker_support import manage, read_until, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 RUNWORKER = ("runworker", "--import", "tests.worker_support", "--poll", "50ms")
-
-
-class WorkerFactory(factory.django.DjangoModelFactory):
-    class Meta:
-        model = Worker
-
-    name = factory.Sequence(lambda n: f"host:{100 + n}:abc{n}")
-    host = "host"
-    pid = factory.Sequence(lambda n: 100 + n)
-    queues = ["*"]
 
 
 def finish(proc, within=20):
