@@ -1,5 +1,5 @@
 # The two commands: `make demo` and `make test`. Each sets up .venv on its own.
-.PHONY: demo test setup bench clean
+.PHONY: demo test setup bench chaos clean
 
 setup:
 	@scripts/bootstrap.sh
@@ -19,6 +19,10 @@ bench: setup
 	@.venv/bin/python benchmarks/worker_throughput.py $(BENCH_DB) --batch 1 --jobs 5000
 	@.venv/bin/python benchmarks/enqueue_throughput.py $(BENCH_DB)
 	@.venv/bin/python benchmarks/worker_throughput.py $(BENCH_DB) --latency
+
+# The chaos scenarios (tests/chaos) at full size on each database, then their table.
+chaos: setup
+	@scripts/chaos.sh $(ARGS)
 
 clean:
 	rm -rf .venv .test-results queue.db test_queue.db

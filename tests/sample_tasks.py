@@ -145,3 +145,13 @@ def mark_once(path, n, seconds=0.0):
     if seconds:
         time.sleep(seconds)
     return n
+
+
+@options_task(max_attempts=5)
+def mark(path, n, seconds=0.0):
+    """mark_once with the retries a fault may need (a kill mid-run spends an attempt)."""
+    with open(path, "a") as f:
+        f.write(f"{n}\n")
+    if seconds:
+        time.sleep(seconds)
+    return n

@@ -88,7 +88,11 @@ def tally(scenario, ids, marker, **extra):
         "states": {k: v for k, v in out.items() if k in State.values or k == "missing"},
         **extra,
     }
-    print(json.dumps(result))
+    line = json.dumps(result)
+    print(line)
+    if os.environ.get("JOBQUEUE_CHAOS_OUT"):  # make chaos collects them into its table
+        with open(os.environ["JOBQUEUE_CHAOS_OUT"], "a") as f:
+            f.write(line + "\n")
     return result
 
 
@@ -97,6 +101,27 @@ def check(result):
     assert result["lost"] == 0, result
     assert result["stuck"] == 0, result
     assert result["duplicates"] == result["duplicates_explained"], result
+
+
+def enqueue_marks(task, marker, n, **kwargs):
+    """Enqueue ``n`` marker tasks through django.tasks; return {n: job id}."""
+    return {i: int(task.enqueue(str(marker), i, **kwargs).id) for i in range(n)}
+
+
+def children(pid):
+    """The pids of a process's children (a runworker supervisor's worker children)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except FileNotFoundError:
+        return []
+
+
+def expired_recoveries(ids):
+    """Recoveries of a lease that lapsed (nobody took the job back sooner)."""
+    return Event.objects.filter(
+        job_id__in=ids, type=EventType.RECOVERED, message__contains=" expired at "
+    ).count()
 
 
 # --- faults -------------------------------------------------------------------------------
@@ -122,27 +147,37 @@ def admin_connection():
     )
 
 
+def cut(admin):
+    """Cut every connection to the test database but ``admin``'s (pg_terminate_backend;
+    KILL on MariaDB): what a failover, a proxy restart or an operator does to a worker."""
+    name = connection.settings_dict["NAME"]
+    if connection.vendor == "postgresql":
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+            [name],
+        )
+        return
+    cur = admin.cursor()
+    cur.execute(
+        "SELECT id FROM information_schema.processlist WHERE db = %s AND id <> CONNECTION_ID()", [name]
+    )
+    for (pid,) in cur.fetchall():
+        with contextlib.suppress(Exception):  # it ended on its own meanwhile
+            cur.execute(f"KILL {int(pid)}")
+
+
 def restart(admin, seconds):
     """The test database goes away as in a restart: every connection to it is cut, and
     (PostgreSQL) new ones are refused for ``seconds``. MariaDB cannot refuse one
     database's connections to root, so there it is the cut alone, then the pause."""
     name = connection.settings_dict["NAME"]
-    if connection.vendor == "postgresql":
-        admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
-        try:
-            admin.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
-                [name],
-            )
-            time.sleep(seconds)
-        finally:
-            admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
-    else:
-        cur = admin.cursor()
-        cur.execute(
-            "SELECT id FROM information_schema.processlist WHERE db = %s AND id <> CONNECTION_ID()", [name]
-        )
-        for (pid,) in cur.fetchall():
-            with contextlib.suppress(Exception):  # it ended on its own meanwhile
-                cur.execute(f"KILL {int(pid)}")
+    if connection.vendor != "postgresql":
+        cut(admin)
         time.sleep(seconds)
+        return
+    admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+    try:
+        cut(admin)
+        time.sleep(seconds)
+    finally:
+        admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')

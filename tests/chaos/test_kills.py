@@ -1,0 +1,97 @@
+"""kill -9 of worker children, and of whole workers, during a drain.
+
+A child killed mid-job fails that attempt (the supervisor records the crash) and the job
+runs again: a duplicate the `failed` event explains. What it had claimed and not
+started is given back at once, and what it had claimed but not yet recorded is taken
+back at once too: nothing waits for its lease to lapse. A whole worker killed (its
+children die with it) leaves its leases to lapse; recovery elsewhere takes them back.
+"""
+
+import os
+import random
+import signal
+import time
+
+import pytest
+from django.db import connections
+
+from tests import sample_tasks
+from tests.chaos import harness
+from tests.worker_support import manage
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+def worker(name, *extra):
+    return manage(
+        "runworker",
+        "--import",
+        "tests.sample_tasks",
+        "--poll",
+        "50ms",
+        "--concurrency",
+        "2",
+        "--batch",
+        "10",
+        "--name",
+        name,
+        *extra,
+        extra_env=harness.TASKS_ENV,
+    )
+
+
+def test_children_killed_every_half_second_lose_nothing_and_leave_nothing_to_lapse(tmp_path):
+    marker = tmp_path / "runs"
+    ids = harness.enqueue_marks(sample_tasks.mark, marker, harness.JOBS, seconds=0.005)
+    proc = worker("child-killer")
+    kills, rng = 0, random.Random(7)
+    try:
+        end = time.monotonic() + 120
+        while time.monotonic() < end and sum(harness.runs(marker).values()) < harness.JOBS * 0.9:
+            time.sleep(0.5)
+            pids = harness.children(proc.pid)
+            if pids:
+                os.kill(rng.choice(pids), signal.SIGKILL)
+                kills += 1
+        connections.close_all()
+        took = harness.wait_finished(list(ids.values()))
+        assert proc.poll() is None
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+
+    result = harness.tally("child_kills", ids, marker, kills=kills, seconds=round(took, 1))
+    harness.check(result)
+    assert kills > 0
+    # Every orphan was taken back at once, none left for its lease (30 s) to lapse.
+    assert harness.expired_recoveries(list(ids.values())) == 0, out
+    assert proc.returncode == 0, out
+
+
+def test_whole_workers_killed_and_restarted_lose_nothing(tmp_path):
+    marker = tmp_path / "runs"
+    ids = harness.enqueue_marks(sample_tasks.mark, marker, harness.JOBS, seconds=0.005)
+    # A short lease: a killed worker's jobs come back within seconds, not 30.
+    lease = ("--lease", "2s")
+    procs = [worker("host-a", *lease), worker("host-b", *lease)]
+    kills = 0
+    try:
+        end = time.monotonic() + 120
+        while time.monotonic() < end and sum(harness.runs(marker).values()) < harness.JOBS * 0.9:
+            time.sleep(1.5)
+            victim = kills % 2
+            procs[victim].kill()  # the supervisor; its children die with it (PR_SET_PDEATHSIG)
+            procs[victim].communicate(timeout=30)
+            kills += 1
+            procs[victim] = worker(f"host-{'ab'[victim]}-{kills}", *lease)
+        connections.close_all()
+        took = harness.wait_finished(list(ids.values()))
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        outs = [p.communicate(timeout=60)[0] for p in procs]
+
+    result = harness.tally("worker_kills", ids, marker, kills=kills, seconds=round(took, 1))
+    harness.check(result)
+    assert kills > 0
+    assert all(p.returncode == 0 for p in procs), outs

@@ -1,0 +1,87 @@
+"""Connections killed over and over, and a graceful stop mid-drain.
+
+One attempt per job (tests.sample_tasks.mark_once): a job given up on would be a dead
+letter, a job run twice a duplicate no event explains. Neither may happen.
+"""
+
+import signal
+import time
+
+import pytest
+from django.db import connection, connections
+
+from tests import sample_tasks
+from tests.chaos import harness
+from tests.worker_support import manage
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+def worker(name):
+    return manage(
+        "runworker",
+        "--import",
+        "tests.sample_tasks",
+        "--poll",
+        "50ms",
+        "--concurrency",
+        "2",
+        "--batch",
+        "10",
+        "--name",
+        name,
+        extra_env=harness.TASKS_ENV,
+    )
+
+
+def test_every_worker_connection_killed_every_second_loses_nothing_and_runs_nothing_twice(tmp_path):
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite has no connections to kill")
+    marker = tmp_path / "runs"
+    ids = harness.enqueue_marks(sample_tasks.mark_once, marker, harness.JOBS, seconds=0.01)
+    admin = harness.admin_connection()
+    proc = worker("storm")
+    rounds = 0
+    try:
+        end = time.monotonic() + 120
+        while time.monotonic() < end and sum(harness.runs(marker).values()) < harness.JOBS * 0.9:
+            time.sleep(1.0)
+            harness.cut(admin)
+            rounds += 1
+        connections.close_all()
+        took = harness.wait_finished(list(ids.values()))
+        assert proc.poll() is None
+    finally:
+        admin.close()
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+
+    result = harness.tally("backend_kill_storm", ids, marker, kills=rounds, seconds=round(took, 1))
+    harness.check(result)
+    assert result["states"] == {"completed": len(ids)}, (result, out)
+    assert result["duplicates"] == 0, (result, out)
+    assert proc.returncode == 0, out
+
+
+def test_sigterm_mid_drain_then_a_restart_finishes_every_job_once(tmp_path):
+    marker = tmp_path / "runs"
+    ids = harness.enqueue_marks(sample_tasks.mark_once, marker, harness.JOBS, seconds=0.005)
+    stops = 0
+    for share in (0.3, 0.6):
+        proc = worker(f"graceful-{stops}")
+        harness.wait_for_runs(marker, int(harness.JOBS * share))
+        proc.send_signal(signal.SIGTERM)  # finish the running jobs, give the claimed back
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, out
+        stops += 1
+    proc = worker("graceful-last")
+    try:
+        took = harness.wait_finished(list(ids.values()))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+
+    result = harness.tally("sigterm_mid_drain", ids, marker, kills=stops, seconds=round(took, 1))
+    harness.check(result)
+    assert result["states"] == {"completed": len(ids)}, (result, out)
+    assert result["duplicates"] == 0, (result, out)
