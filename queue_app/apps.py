@@ -7,6 +7,7 @@ class QueueAppConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
+        from queue_app import checks  # noqa: F401  (registers the system checks)
         from queue_app.core import webhooks
         from queue_app.handlers import registry
 

@@ -1,0 +1,48 @@
+"""System checks: settings under which the queue works, but badly.
+
+SQLite with Django's defaults (rollback journal, DEFERRED transactions, a 5 s timeout)
+lets one worker's write lock fail another's with "database is locked" when several
+processes share the file, so workers and enqueues fail at random under load.
+"""
+
+from django.conf import settings
+from django.core import checks
+
+SQLITE_FIX = (
+    'Set DATABASES[{alias!r}]["OPTIONS"] = {{"transaction_mode": "IMMEDIATE", "timeout": 30, '
+    '"init_command": "PRAGMA journal_mode=WAL; PRAGMA busy_timeout=30000;"}} '
+    "(jobqueue_project/settings.py does), or silence queue_app.W00{n} if you know better."
+)
+
+
+@checks.register(checks.Tags.compatibility)
+def sqlite_options(app_configs=None, **kwargs):
+    return sqlite_warnings(settings.DATABASES)
+
+
+def sqlite_warnings(databases):
+    """The warnings for a DATABASES setting."""
+    out = []
+    for alias, db in databases.items():
+        if not db.get("ENGINE", "").endswith("sqlite3"):
+            continue
+        options = db.get("OPTIONS") or {}
+        if str(options.get("transaction_mode", "")).upper() != "IMMEDIATE":
+            out.append(
+                checks.Warning(
+                    f"SQLite database {alias!r} opens transactions DEFERRED: a worker's claim that "
+                    "starts as a read fails with 'database is locked' when another process writes.",
+                    hint=SQLITE_FIX.format(alias=alias, n=1),
+                    id="queue_app.W001",
+                )
+            )
+        if "journal_mode=wal" not in str(options.get("init_command", "")).replace(" ", "").lower():
+            out.append(
+                checks.Warning(
+                    f"SQLite database {alias!r} is not opened in WAL mode: readers (the dashboard, "
+                    "enqueues) wait for every worker's write and time out under load.",
+                    hint=SQLITE_FIX.format(alias=alias, n=2),
+                    id="queue_app.W002",
+                )
+            )
+    return out
