@@ -149,14 +149,20 @@ def run_worker(within=30, **options):
     return join(start_worker(**options), within)
 
 
-def wait_for(predicate, timeout=10, interval=0.05, what="condition"):
+def wait_for(predicate, timeout=10, interval=0.05, what="condition", proc=None):
+    """Poll ``predicate`` until it is true; on timeout fail, with the output of ``proc``
+    (a manage() Popen, killed then) if given: what the process said is the diagnosis."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         value = predicate()
         if value:
             return value
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    said = ""
+    if proc is not None:
+        proc.kill()
+        said = f"; the process said:\n{proc.communicate(timeout=30)[0]}"
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}{said}")
 
 
 def database_url():

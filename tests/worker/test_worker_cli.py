@@ -37,7 +37,7 @@ def test_runworker_on_sigterm_finishes_its_job_releases_the_rest_and_exits_0(tmp
     first = enqueue("mark", {"path": str(marker), "seconds": 0.5}, priority=5)
     rest = bulk_enqueue([{"kind": "echo"}] * 3)
     proc = manage(*RUNWORKER, "--name", "cli-term", "--batch", "10")
-    wait_for(marker.exists, timeout=20, what="the first job to start")
+    wait_for(marker.exists, timeout=90, what="the first job to start", proc=proc)
 
     proc.send_signal(signal.SIGTERM)
     code, out = finish(proc)
@@ -57,8 +57,9 @@ def test_stopworkers_from_another_process_stops_a_running_worker():
     proc = manage(*RUNWORKER, "--name", "cli-stop")
     wait_for(
         lambda: Worker.objects.filter(name="cli-stop", state=WorkerState.RUNNING).exists(),
-        timeout=20,
+        timeout=90,
         what="the worker to register",
+        proc=proc,
     )
 
     # Generous waits: CI runs four suites at once on two cores.
