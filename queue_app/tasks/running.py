@@ -16,7 +16,7 @@ from django.utils.json import normalize_json
 from queue_app.exceptions import NotStarted, UnknownKind, UnstorableResult
 from queue_app.handlers import context as running
 from queue_app.handlers import registry
-from queue_app.models import Job, State
+from queue_app.models import Event, EventType, Job, State
 from queue_app.tasks import results
 from queue_app.tasks.backend import DatabaseBackend
 from queue_app.tasks.results import _db, arguments
@@ -114,10 +114,12 @@ def finished(job, *, state=None, using=None):
         _send_finished(job.id, task, alias, sender, state=state, lost=state is None, using=using or _db(job))
 
 
-def acknowledged(done, completed, finished_at, *, using=None):
+def acknowledged(done, completed, finished_at, *, worker_id=None, using=None):
     """Send task_finished, in order, for the Task jobs of a batched acknowledgement
     that has committed. ``done`` is [(job, result)], ``completed`` the ids the
-    acknowledgement completed (at ``finished_at``); the others' leases were lost.
+    acknowledgement completed (at ``finished_at``); the others' leases were lost, or
+    (``worker_id`` given) an earlier try of the same acknowledgement committed and only
+    its answer was lost with the connection: then the row says so (_send_finished).
 
     A completed job's TaskResult is its running one (run()) plus the outcome: no query.
     Any error here is logged, never raised: the acknowledgement has committed, and the
@@ -131,7 +133,15 @@ def acknowledged(done, completed, finished_at, *, using=None):
             if job.id in completed:
                 _send(sender, job.id, results.succeeded(result, finished_at, value))
             else:
-                _send_finished(job.id, task, alias, sender, lost=True, using=using or _db(job))
+                _send_finished(
+                    job.id,
+                    task,
+                    alias,
+                    sender,
+                    lost=True,
+                    settled_by=(worker_id, job.attempts) if worker_id else None,
+                    using=using or _db(job),
+                )
         except Exception:
             log.exception("task_finished failed for job %s", job.id)
 
@@ -153,10 +163,12 @@ def finished_elsewhere(job_id, *, using=None):
     return True
 
 
-def _send_finished(job_id, task, alias, sender, *, state=None, lost=False, using):
+def _send_finished(job_id, task, alias, sender, *, state=None, lost=False, settled_by=None, using):
     job = Job.objects.using(using).filter(id=job_id).first()
     if job is None:  # pruned meanwhile: nothing to report
         return
+    if lost and job.state == State.COMPLETED and settled_by and _completed_by(job_id, *settled_by, using=using):
+        lost = False  # this attempt's own completion, whose answer the connection lost
     if state is not None:
         # The state this attempt's outcome wrote: a retry may already have been claimed
         # by another thread, and its RUNNING must not stand in for this attempt's READY.
@@ -166,6 +178,14 @@ def _send_finished(job_id, task, alias, sender, *, state=None, lost=False, using
         # row now leased or completed is another attempt's, which reports itself.
         return
     _send(sender, job_id, results.from_job(job, task, alias))
+
+
+def _completed_by(job_id, worker_id, attempt, *, using):
+    return (
+        Event.objects.using(using)
+        .filter(job_id=job_id, type=EventType.COMPLETED, attempt=attempt, worker=worker_id)
+        .exists()
+    )
 
 
 # What a row may say to be reported for an attempt whose lease was lost: the verdict of

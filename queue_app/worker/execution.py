@@ -137,11 +137,11 @@ def _settled(job, state, using):
     return state
 
 
-def acknowledged(done, completed, finished_at):
+def acknowledged(done, completed, finished_at, *, worker_id=None):
     """After a batched acknowledgement committed (complete_many at ``finished_at``,
     ``completed`` the ids it completed): task_finished for the django.tasks jobs of
     ``done`` [(job, result)], in order."""
-    task_running.acknowledged(done, completed, finished_at)
+    task_running.acknowledged(done, completed, finished_at, worker_id=worker_id)
 
 
 def claimed(jobs, now):

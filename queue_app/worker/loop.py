@@ -361,7 +361,7 @@ class Loop:
             log.exception("could not acknowledge %s jobs worker=%s", len(acks), self.owner)
             connection.close()
             return
-        execution.acknowledged([(a[5], a[2]) for a in acks], completed, now)
+        execution.acknowledged([(a[5], a[2]) for a in acks], completed, now, worker_id=self.owner)
 
     def _settle_and_claim(self, limit):
         """Claim up to ``limit`` jobs, acknowledging the finished ones in the same
@@ -390,7 +390,7 @@ class Loop:
             finally:
                 with self.ack_lock:
                     self.slots.drop_acks([a[3] for a in acks])
-            execution.acknowledged([(a[5], a[2]) for a in acks], completed, now)
+            execution.acknowledged([(a[5], a[2]) for a in acks], completed, now, worker_id=self.owner)
             return execution.claimed(jobs, now)
 
     def _release_orphans(self):

@@ -747,3 +747,31 @@ def test_a_batched_acknowledgement_that_finds_the_lease_lost_sends_no_successful
         ("started", "RUNNING", True),
         ("finished", "FAILED", True),
     ]
+
+
+@pytest.mark.parametrize("own", [True, False])
+def test_an_acknowledgement_that_committed_but_lost_its_answer_still_sends_task_finished_once(signals, own):
+    """The worker retries an acknowledgement after a reconnect; if the first try had
+    committed, the retry is refused. task_finished then goes out from the row, as
+    SUCCESSFUL, because the completion is this worker's own attempt; another worker's
+    completion reports itself and sends nothing here."""
+    from queue_app.tasks import running as task_running
+    from queue_app.worker.execution import acknowledged
+
+    tasks.add.enqueue(1, 2)
+    now = timezone.now()
+    (job,) = claimed(transitions.claim(WORKER, limit=1, now=now), now)
+    value = task_running.run(job, tasks.add)
+    assert transitions.complete_many([(job.id, job.attempts, value, None)], worker_id=WORKER, now=now) == {
+        job.id
+    }
+    signals.clear()
+
+    acknowledged([(job, value)], set(), now, worker_id=WORKER if own else "someone-else/0.1")
+
+    if own:
+        assert [(s["signal"], s["status"], s["value"]) for s in signals] == [
+            ("finished", TaskResultStatus.SUCCESSFUL, 3)
+        ]
+    else:
+        assert signals == []
