@@ -8,7 +8,7 @@ The other commit is checked out in a temporary git worktree and run with this tr
 .venv (the requirements must be compatible), against the same databases, one benchmark
 at a time, in turns (A B, then B A on the next round), so that the machine's load drifts
 over both alike. The figures compared are those `make bench` prints: the drain at
---batch 100 and --batch 1, single and bulk enqueues, and the enqueue-to-start latency.
+--batch 100, 10 (the default) and 1, single and bulk enqueues, and the enqueue-to-start latency.
 """
 
 import argparse
@@ -26,6 +26,8 @@ PY = sys.executable
 # (name, script and arguments, the JSON fields to compare; higher is better unless "_ms")
 BENCHES = [
     ("drain batch 100", ["benchmarks/worker_throughput.py", "--batch", "100"], ["jobs_per_s"]),
+    # The default batch: what a site that sets nothing gets.
+    ("drain batch 10", ["benchmarks/worker_throughput.py", "--batch", "10", "--jobs", "10000"], ["jobs_per_s"]),
     ("drain batch 1", ["benchmarks/worker_throughput.py", "--batch", "1", "--jobs", "5000"], ["jobs_per_s"]),
     ("enqueue", ["benchmarks/enqueue_throughput.py", "--clients", "1", "--bulk", "100000"], ["jobs_per_s"]),
     ("latency", ["benchmarks/worker_throughput.py", "--latency"], ["p50_ms", "p99_ms"]),

@@ -55,7 +55,7 @@ def test_two_database_restarts_during_a_drain_lose_no_job_and_run_none_twice(tmp
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
 
-    result = harness.tally("database_restart", ids, marker, restarts=2, seconds=round(took, 1))
+    result = harness.tally("database_restart", ids, marker, restarts=2, after_faults_s=round(took, 1))
     harness.check(result)
     # One attempt each: nothing given up on (a dead letter), nothing run twice.
     assert result["states"] == {"completed": len(ids)}, (result, out)

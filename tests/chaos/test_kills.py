@@ -60,7 +60,7 @@ def test_children_killed_every_half_second_lose_nothing_and_leave_nothing_to_lap
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
 
-    result = harness.tally("child_kills", ids, marker, kills=kills, seconds=round(took, 1))
+    result = harness.tally("child_kills", ids, marker, kills=kills, after_faults_s=round(took, 1))
     harness.check(result)
     assert kills > 0
     # Every orphan was taken back at once, none left for its lease (30 s) to lapse.
@@ -91,7 +91,7 @@ def test_whole_workers_killed_and_restarted_lose_nothing(tmp_path):
             p.send_signal(signal.SIGTERM)
         outs = [p.communicate(timeout=60)[0] for p in procs]
 
-    result = harness.tally("worker_kills", ids, marker, kills=kills, seconds=round(took, 1))
+    result = harness.tally("worker_kills", ids, marker, kills=kills, after_faults_s=round(took, 1))
     harness.check(result)
     assert kills > 0
     assert all(p.returncode == 0 for p in procs), outs

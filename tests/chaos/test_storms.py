@@ -56,7 +56,7 @@ def test_every_worker_connection_killed_every_second_loses_nothing_and_runs_noth
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
 
-    result = harness.tally("backend_kill_storm", ids, marker, kills=rounds, seconds=round(took, 1))
+    result = harness.tally("backend_kill_storm", ids, marker, kills=rounds, after_faults_s=round(took, 1))
     harness.check(result)
     assert result["states"] == {"completed": len(ids)}, (result, out)
     assert result["duplicates"] == 0, (result, out)
@@ -81,7 +81,7 @@ def test_sigterm_mid_drain_then_a_restart_finishes_every_job_once(tmp_path):
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
 
-    result = harness.tally("sigterm_mid_drain", ids, marker, kills=stops, seconds=round(took, 1))
+    result = harness.tally("sigterm_mid_drain", ids, marker, kills=stops, after_faults_s=round(took, 1))
     harness.check(result)
     assert result["states"] == {"completed": len(ids)}, (result, out)
     assert result["duplicates"] == 0, (result, out)
