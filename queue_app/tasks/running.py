@@ -167,7 +167,12 @@ def _send_finished(job_id, task, alias, sender, *, state=None, lost=False, settl
     job = Job.objects.using(using).filter(id=job_id).first()
     if job is None:  # pruned meanwhile: nothing to report
         return
-    if lost and job.state == State.COMPLETED and settled_by and _completed_by(job_id, *settled_by, using=using):
+    if (
+        lost
+        and job.state == State.COMPLETED
+        and settled_by
+        and _completed_by(job_id, *settled_by, using=using)
+    ):
         lost = False  # this attempt's own completion, whose answer the connection lost
     if state is not None:
         # The state this attempt's outcome wrote: a retry may already have been claimed

@@ -231,15 +231,16 @@ class Loop:
         if timeout:
             # This job may get the process killed: settle the finished ones first.
             self._flush_acks()
-        with self.slots.lock:
-            if self.slots.taken_back(cell, job.id):
-                # It waited too long (or its lease was lost): the supervisor gave it back.
-                log.info("not starting id=%s worker=%s: taken back while it waited", job.id, self.owner)
-                self._unbuffer(job)
-                return
-            self.slots.start(i, job.id, job.attempts, timeout)
-            # Only now: the supervisor always sees the job as buffered or running.
+        self.slots.start(i, job.id, job.attempts, timeout)
+        # Running first, the flag second; the supervisor the other way round (_take_back).
+        if self.slots.taken_back(cell, job.id):
+            # It waited too long (or its lease was lost): the supervisor gave it back.
+            log.info("not starting id=%s worker=%s: taken back while it waited", job.id, self.owner)
+            self.slots.clear(i)
             self._unbuffer(job)
+            return
+        # Only now: the supervisor always sees the job as buffered or running.
+        self._unbuffer(job)
         # The supervisor flags an abort request in this thread's cell (aborting.py).
         probe = functools.partial(self.slots.abort_requested, i, job.id)
         try:

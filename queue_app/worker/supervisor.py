@@ -475,9 +475,8 @@ class Supervisor:
                 if renewed is not None:
                     # Lost meanwhile (the child stalled past its lease, say): running them
                     # now would run them twice for nothing.
-                    with child.slots.locked() as got:
-                        for job_id in set(held) - renewed if got else ():
-                            child.slots.take_back(job_id)
+                    for job_id in set(held) - renewed:
+                        child.slots.take_back(job_id)
         self._guard(
             workers.heartbeat,
             self.record.id,
@@ -496,15 +495,33 @@ class Supervisor:
         for (job_id, attempt), first in since.items():
             if now - first < self.options.lease / 3:
                 continue
-            with child.slots.locked() as got:
-                taken = got and child.slots.take_back(job_id)
-            if taken and self._guard(transitions.release, job_id, worker_id=child.owner, attempt=attempt):
+            if self._take_back(child, job_id) and self._guard(
+                transitions.release, job_id, worker_id=child.owner, attempt=attempt
+            ):
                 log.warning(
                     "took back id=%s from %s: claimed %.0fs ago and not started",
                     job_id,
                     child.owner,
                     now - first,
                 )
+
+    def _take_back(self, child, job_id, patience=0.05):
+        """Flag buffered ``job_id`` taken back; return True once the child cannot start it.
+
+        The child marks a job running, then reads its flag: one that marked it just before
+        the flag landed either sees the flag (and clears its running cell at once) or had
+        read it already and runs the job. So wait ``patience`` for the running cell to
+        clear; a job still running, or finished and awaiting its acknowledgement, started:
+        it stays the child's. (One that finished and was acknowledged, or failed, is no
+        longer leased, and the release's fence refuses it.)"""
+        if not child.slots.take_back(job_id):
+            return False
+        deadline = time.monotonic() + patience
+        while child.slots.is_running(job_id):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.001)
+        return job_id not in dict(child.slots.unacked())
 
     def _recover(self):
         self._guard(transitions.recover)
