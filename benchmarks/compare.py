@@ -27,7 +27,11 @@ PY = sys.executable
 BENCHES = [
     ("drain batch 100", ["benchmarks/worker_throughput.py", "--batch", "100"], ["jobs_per_s"]),
     # The default batch: what a site that sets nothing gets.
-    ("drain batch 10", ["benchmarks/worker_throughput.py", "--batch", "10", "--jobs", "10000"], ["jobs_per_s"]),
+    (
+        "drain batch 10",
+        ["benchmarks/worker_throughput.py", "--batch", "10", "--jobs", "10000"],
+        ["jobs_per_s"],
+    ),
     ("drain batch 1", ["benchmarks/worker_throughput.py", "--batch", "1", "--jobs", "5000"], ["jobs_per_s"]),
     ("enqueue", ["benchmarks/enqueue_throughput.py", "--clients", "1", "--bulk", "100000"], ["jobs_per_s"]),
     ("latency", ["benchmarks/worker_throughput.py", "--latency"], ["p50_ms", "p99_ms"]),

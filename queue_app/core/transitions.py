@@ -685,6 +685,24 @@ def release_orphans(worker_id, *, keep, using=None):
     return out
 
 
+def hand_over(pairs, *, from_owner, to_owner, lease_seconds=None, using=None):
+    """Move the claimed-but-unstarted jobs ``pairs`` [(job_id, attempt)] from one lease
+    owner to another (a worker child killed for a timeout to its replacement), and return
+    them as Job instances, highest priority first.
+
+    Not a transition (no event, like a renewal): each stays leased, its attempt unspent,
+    and the replacement runs it, instead of a release and a new claim per job for every
+    timeout kill. A job whose abort was requested is left where it is (released by the
+    caller, which cancels it); one no longer held by ``from_owner`` is not moved."""
+    db = _db(using)
+    lease = float(settings.LEASE_SECONDS if lease_seconds is None else lease_seconds)
+    with transaction.atomic(using=db):
+        _held(db, from_owner, pairs).filter(cancel_requested_at__isnull=True).update(
+            lease_owner=to_owner, lease_expires_at=timezone.now() + timedelta(seconds=lease)
+        )
+        return list(_held(db, to_owner, pairs).order_by("-priority", "id"))
+
+
 def renew(job_ids, *, worker_id, lease_seconds=None, using=None):
     """Extend this worker's leases (a heartbeat, not a transition: no event).
 
@@ -703,13 +721,14 @@ def renew(job_ids, *, worker_id, lease_seconds=None, using=None):
     return ids
 
 
-def recover(*, limit=500, now=None, owned_by=None, owner=None, using=None):
+def recover(*, limit=500, now=None, owned_by=None, owner=None, exclude=(), using=None):
     """Take back leases past their deadline: each consumes its attempt and goes to
     pending, or to dead_letter when none are left. Return [(id, new_state)].
 
     With ``owned_by`` (a lease-owner prefix: a stopped worker's name), or ``owner`` (one
     exact lease owner: a worker child that died), take back those leases whatever their
-    deadline: nobody will settle or renew them."""
+    deadline: nobody will settle or renew them. ``exclude``: ids to leave alone (a dead
+    child's unstarted claims, about to be handed over)."""
     db = _db(using)
     now = now or timezone.now()
     out = []
@@ -722,6 +741,8 @@ def recover(*, limit=500, now=None, owned_by=None, owner=None, using=None):
             qs = Job.objects.using(db).leased().filter(lease_owner__startswith=owned_by)
         taken_back = "whose worker process died" if owner is not None else "of a worker that had stopped"
         owned_by = owned_by or owner
+        if exclude:
+            qs = qs.exclude(id__in=list(exclude))
         qs = qs.order_by("lease_expires_at", "id")
         if connections[db].features.has_select_for_update_skip_locked:
             # Two workers recovering at once split the work instead of waiting on each other.

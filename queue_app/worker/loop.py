@@ -112,10 +112,12 @@ def _claim(options, owner, limit):
 class Loop:
     """One child process: threads that take jobs from a local buffer refilled by claims."""
 
-    def __init__(self, options, owner, slots, budget):
+    def __init__(self, options, owner, slots, budget, inherited=()):
         self.options = options
         self.owner = owner
         self.slots = slots
+        # Claimed jobs handed over from the child this one replaces (transitions.hand_over).
+        self.inherited = list(inherited)
         self.budget = budget
         self.buffer = deque()
         self.lock = threading.Lock()
@@ -138,6 +140,9 @@ class Loop:
         # Ctrl-C reaches the whole process group; the supervisor decides what it means.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         self.waiter = Waiter.for_connection(self.options, self.slots.wakeups)
+        for job in self.inherited:
+            self.buffered[job.id] = self.slots.hold_buffered(job.id, job.attempts)
+            self.buffer.append(job)
         threading.Thread(target=self._flusher, name="jq-acks", daemon=True).start()
         try:
             if self.options.threads == 1:
@@ -424,14 +429,14 @@ class Loop:
         connection.close()
 
 
-def child_main(options, owner, slots, budget, parent_pid):
+def child_main(options, owner, slots, budget, parent_pid, inherited=()):
     """Entry point of a forked child; never returns."""
     code = 0
     try:
         _die_with_parent(parent_pid)
         outages.forked(on_begin=slots.add_reconnect)
         connections.close_all()
-        Loop(options, owner, slots, budget).run()
+        Loop(options, owner, slots, budget, inherited).run()
     except BaseException:
         log.exception("worker child %s failed", owner)
         code = 1

@@ -275,10 +275,31 @@ class Supervisor:
 
     # --- children ------------------------------------------------------------------------
 
-    def _spawn(self, slot):
+    def _spawn(self, slot, inherit=None):
+        """Fork the child for ``slot``; ``inherit`` (the child it replaces, killed for a
+        timeout, and that child's unstarted claims) hands those claims to the new one."""
         self.generations[slot] += 1
         gen = self.generations[slot]
         owner = f"{self._owner_prefix()}{slot}.{gen}"
+        inherited = []
+        if inherit:
+            dead, pairs = inherit
+            inherited = (
+                self._guard(
+                    transitions.hand_over,
+                    pairs,
+                    from_owner=dead.owner,
+                    to_owner=owner,
+                    lease_seconds=self.options.lease,
+                )
+                or []
+            )
+            moved = {job.id for job in inherited}
+            for job_id, attempt in pairs:
+                if job_id not in moved:  # abort requested, or no longer the dead child's
+                    self._guard(transitions.release, job_id, worker_id=dead.owner, attempt=attempt)
+            if inherited:
+                log.info("handed %s claimed jobs from %s to %s", len(inherited), dead.owner, owner)
         # Batched acks flush at `batch` pending, so at most batch + threads - 1 fill while
         # as many wait for the one flush in flight to commit (worker.Loop.flush_lock).
         acks = 2 * (self.options.batch + self.options.threads)
@@ -291,7 +312,7 @@ class Supervisor:
             parent = os.getpid()
             pid = os.fork()
             if pid == 0:
-                child_main(self.options, owner, slots, self.budget, parent)
+                child_main(self.options, owner, slots, self.budget, parent, inherited)
         self.children[pid] = Child(slot, gen, owner, slots, pid)
         log.debug("spawned child pid=%s owner=%s", pid, owner)
 
@@ -355,12 +376,17 @@ class Supervisor:
             self.reconnects_by_gone += child.slots.reconnects
             clean = child.slots.clean and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
             if not clean:
-                self._settle_dead_child(child, status)
+                # Killed for a timeout: its replacement takes over its unstarted claims
+                # rather than releasing them for a new claim each (a timeout storm's churn).
+                inherit = child.timed_out is not None and not self.stopping
+                unstarted = self._settle_dead_child(child, status, release=not inherit)
                 if not self.stopping:
-                    self._spawn(child.slot)
+                    self._spawn(child.slot, inherit=(child, unstarted) if inherit and unstarted else None)
 
-    def _settle_dead_child(self, child, status, shutdown=None):
-        """Record what a dead child had in hand; ``shutdown``: why it was killed at shutdown."""
+    def _settle_dead_child(self, child, status, shutdown=None, release=True):
+        """Record what a dead child had in hand; ``shutdown``: why it was killed at shutdown.
+        Return [(job_id, attempt)] of its unstarted claims, released unless ``release`` is
+        False (then the caller hands them over)."""
         how = _describe(status)
         running = child.slots.running()
         for job_id, attempt, _, _ in running:
@@ -392,14 +418,19 @@ class Supervisor:
         # Claimed but never started: give them back without spending an attempt. Only
         # what the child reported buffered: a job it gave up on may have run.
         started = {job_id for job_id, _, _, _ in running}
-        for job_id, attempt, _ in child.slots.buffered():
-            if job_id not in started:  # a job moving to its thread shows in both for an instant
-                self._guard(transitions.release, job_id, worker_id=child.owner, attempt=attempt)
+        # (A job moving to its thread shows in both for an instant.)
+        unstarted = [
+            (job_id, attempt) for job_id, attempt, _ in child.slots.buffered() if job_id not in started
+        ]
+        for job_id, attempt in unstarted if release else ():
+            self._guard(transitions.release, job_id, worker_id=child.owner, attempt=attempt)
         # Still leased to the dead child: claims it committed but had not yet recorded in
         # shared memory (it died in between). Nobody will run, renew or settle them: take
         # them back now rather than after their lease (their attempt counts: it may have run).
-        for job_id, to in self._guard(transitions.recover, owner=child.owner, default=()) or ():
+        keep = {job_id for job_id, _ in unstarted} if not release else set()
+        for job_id, to in self._guard(transitions.recover, owner=child.owner, exclude=keep, default=()) or ():
             log.warning("took back id=%s from dead child %s: %s", job_id, child.owner, to)
+        return unstarted
 
     def _enforce_timeouts(self):
         now = time.monotonic()

@@ -12,9 +12,9 @@ from django.utils import timezone
 from queue_app import enqueue
 from queue_app.core import aborting, transitions
 from queue_app.handlers import registry
-from queue_app.models import EventType, Job, State, Worker
+from queue_app.models import Event, EventType, Job, State, Worker
 from tests.support import event_types as events
-from tests.worker_support import start_worker, stop, wait_for
+from tests.worker_support import join, start_worker, stop, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -213,3 +213,25 @@ def test_a_hung_childs_unstarted_jobs_are_taken_back_and_run_elsewhere_once(tmp_
     for job in rest:
         assert events(job)[:3] == [EventType.ENQUEUED, EventType.CLAIMED, EventType.RELEASED]
         assert Job.objects.get(id=job.id).attempts == 1
+
+
+def test_a_child_killed_for_a_timeout_hands_its_waiting_jobs_to_its_replacement_unreleased(tmp_path):
+    # A batch of five in one child: a job that overruns its 1 s timeout, four behind it.
+    stuck = enqueue(
+        "mark", {"path": str(tmp_path / "stuck"), "seconds": 30}, priority=9, timeout=1, max_attempts=1
+    )
+    rest = [enqueue("mark", {"path": str(tmp_path / f"rest{n}")}) for n in range(4)]
+    proc = start_worker(concurrency=1, batch=5, name="timeouts", burst=True)
+    assert join(proc, within=30) == 0
+
+    assert Job.objects.get(id=stuck.id).state == State.DEAD_LETTER
+    for job in rest:
+        # Run once, by the replacement child, with no release and no second claim between.
+        assert len((tmp_path / f"rest{job.payload['path'][-1]}").read_text().split()) == 1
+        assert events(job) == [EventType.ENQUEUED, EventType.CLAIMED, EventType.COMPLETED]
+        assert Job.objects.get(id=job.id).attempts == 1
+    first, second = (
+        {e.worker for e in Event.objects.filter(job_id__in=[j.id for j in rest], type=EventType.CLAIMED)},
+        {e.worker for e in Event.objects.filter(job_id__in=[j.id for j in rest], type=EventType.COMPLETED)},
+    )
+    assert len(first) == 1 and len(second) == 1 and first != second  # claimed by one child, run by the next
