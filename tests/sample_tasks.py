@@ -155,3 +155,11 @@ def mark(path, n, seconds=0.0):
     if seconds:
         time.sleep(seconds)
     return n
+
+
+@options_task(max_attempts=1, timeout=1)
+def overruns(path, n):
+    """Marks its execution, then sleeps far past its 1 s timeout (the worker kills it)."""
+    with open(path, "a") as f:
+        f.write(f"{n}\n")
+    time.sleep(60)

@@ -85,3 +85,32 @@ def test_sigterm_mid_drain_then_a_restart_finishes_every_job_once(tmp_path):
     harness.check(result)
     assert result["states"] == {"completed": len(ids)}, (result, out)
     assert result["duplicates"] == 0, (result, out)
+
+
+def test_a_timeout_storm_beside_quick_jobs_releases_nothing_and_runs_each_once(tmp_path):
+    """Tasks that overrun their 1 s timeout, mixed in among quick ones: each overrun costs
+    a kill, and the killed child's claimed-but-unstarted jobs go to its replacement, not
+    back to the queue (no `released` events, no second claims)."""
+    from queue_app.models import Event, EventType
+
+    marker = tmp_path / "runs"
+    overrunning = max(4, harness.JOBS // 150)
+    ids = harness.enqueue_marks(sample_tasks.mark_once, marker, harness.JOBS, seconds=0.002)
+    for n in range(harness.JOBS, harness.JOBS + overrunning):
+        ids[n] = int(sample_tasks.overruns.enqueue(str(marker), n).id)
+    procs = [worker("timeouts-a"), worker("timeouts-b")]
+    try:
+        took = harness.wait_finished(list(ids.values()), timeout=180)
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        outs = [p.communicate(timeout=60)[0] for p in procs]
+
+    released = Event.objects.filter(job_id__in=ids.values(), type=EventType.RELEASED).count()
+    result = harness.tally(
+        "timeout_storm", ids, marker, kills=overrunning, released=released, after_faults_s=round(took, 1)
+    )
+    harness.check(result)
+    assert result["states"] == {"completed": harness.JOBS, "dead_letter": overrunning}, (result, outs)
+    assert result["duplicates"] == 0, result
+    assert released == 0, (result, outs)
