@@ -189,8 +189,11 @@ class Loop:
                     self._flush_acks()
                     return None
                 try:
+                    asked = time.monotonic()
                     jobs = self._settle_and_claim(limit)
                     self.claim_errors = 0
+                    if jobs:
+                        self.slots.leases_hold_until(asked + self.options.lease)
                 except Exception as exc:
                     self.claim_errors += 1
                     close_old_connections()
@@ -236,6 +239,10 @@ class Loop:
         if timeout:
             # This job may get the process killed: settle the finished ones first.
             self._flush_acks()
+        if time.monotonic() > self.slots.leases_until:
+            # Stalled past the lease (stopped, swapped out, a long job ahead): it may no
+            # longer be ours. The supervisor's next renewal says (or takes it back).
+            self._await_renewal(cell, job.id)
         self.slots.start(i, job.id, job.attempts, timeout)
         # Running first, the flag second; the supervisor the other way round (_take_back).
         if self.slots.taken_back(cell, job.id):
@@ -270,6 +277,12 @@ class Loop:
         finally:
             self.slots.clear(i)
             self.slots.add_done()
+
+    def _await_renewal(self, cell, job_id):
+        deadline = time.monotonic() + 2 * self.options.heartbeat + 1
+        while time.monotonic() > self.slots.leases_until and time.monotonic() < deadline:
+            if self.slots.taken_back(cell, job_id) or self.stopping.wait(0.02):
+                return
 
     def _unbuffer(self, job):
         with self.cell_lock:

@@ -13,8 +13,11 @@ class Slots:
     Per thread: job id, attempt, start (time.monotonic(), which every process on the
     host shares), timeout in seconds (0: none) and the id of the job the supervisor
     asks it to abort (aborting.py; an id, so a flag meant for a finished job is inert).
-    Then three cells for the whole child: a clean-exit flag, the count of jobs it
-    finished, and the count of database outages it waited out (outages.py). Then (id, attempt) pairs of jobs that finished but whose batched
+    Then four cells for the whole child: a clean-exit flag, the count of jobs it
+    finished, the count of database outages it waited out (outages.py), and until when
+    (time.monotonic()) its leases are known to hold: set by its claims and by the
+    supervisor's renewals, so a child resuming from a stall does not start a job whose
+    lease may have lapsed meanwhile before the supervisor has looked. Then (id, attempt) pairs of jobs that finished but whose batched
     acknowledgement is not yet committed: if the child dies, the supervisor records
     those as run-and-lost rather than unstarted. Then (id, attempt, abort id) of jobs
     claimed but not started yet (the child's buffer), so the supervisor renews exactly
@@ -34,7 +37,7 @@ class Slots:
         self.threads = threads
         # The supervisor's WakeUps, shared by all its children (None: each child polls).
         self.wakeups = wakeups
-        self.ack_base = threads * self.WIDTH + 3
+        self.ack_base = threads * self.WIDTH + 4
         self.buffer_base = self.ack_base + 2 * acks
         self.cells = RawArray(ctypes.c_double, self.buffer_base + 3 * buffered)
         self.free_acks = list(range(acks))  # used only by the child, after the fork
@@ -177,6 +180,15 @@ class Slots:
 
     def add_reconnect(self):
         self.cells[self.threads * self.WIDTH + 2] += 1
+
+    @property
+    def leases_until(self):
+        return self.cells[self.threads * self.WIDTH + 3]
+
+    def leases_hold_until(self, until):
+        """Note that every lease the child holds lasts until ``until`` at least."""
+        if until > self.cells[self.threads * self.WIDTH + 3]:
+            self.cells[self.threads * self.WIDTH + 3] = until
 
 
 class Budget:

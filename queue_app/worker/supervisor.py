@@ -500,10 +500,12 @@ class Supervisor:
             held = child.slots.held()
             in_hand += len(held)
             if held:
+                asked = time.monotonic()
                 renewed = self._guard(
                     transitions.renew, list(held), worker_id=child.owner, lease_seconds=self.options.lease
                 )
                 if renewed is not None:
+                    child.slots.leases_hold_until(asked + self.options.lease)
                     # Lost meanwhile (the child stalled past its lease, say): running them
                     # now would run them twice for nothing.
                     for job_id in set(held) - renewed:

@@ -95,3 +95,41 @@ def test_whole_workers_killed_and_restarted_lose_nothing(tmp_path):
     harness.check(result)
     assert kills > 0
     assert all(p.returncode == 0 for p in procs), outs
+
+
+def test_a_whole_worker_stalled_past_its_lease_then_resumed_loses_nothing_and_its_late_work_is_refused(
+    tmp_path,
+):
+    """SIGSTOP of a worker (supervisor and children) for three leases: the other worker's
+    recovery takes its jobs back and runs them; resumed, the stalled one's acknowledgements
+    are refused by the fence, so each job completes exactly once (a second run is explained
+    by the `recovered` event before it)."""
+    from queue_app.models import Event, EventType
+
+    marker = tmp_path / "runs"
+    ids = harness.enqueue_marks(sample_tasks.mark, marker, harness.JOBS, seconds=0.005)
+    lease = ("--lease", "2s", "--recovery-interval", "500ms")
+    stalled, other = worker("stalled", *lease), worker("steady", *lease)
+    try:
+        harness.wait_for_runs(marker, harness.JOBS // 5)
+        frozen = [stalled.pid, *harness.children(stalled.pid)]
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        time.sleep(6)  # three leases
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+        connections.close_all()
+        took = harness.wait_finished(list(ids.values()))
+    finally:
+        for p in (stalled, other):
+            p.send_signal(signal.SIGTERM)
+        outs = [p.communicate(timeout=60)[0] for p in (stalled, other)]
+
+    result = harness.tally("stall_past_lease", ids, marker, kills=1, after_faults_s=round(took, 1))
+    harness.check(result)
+    assert result["states"] == {"completed": len(ids)}, (result, outs)
+    # The stall did strand work: the steady worker took it back when the leases lapsed.
+    assert Event.objects.filter(job_id__in=ids.values(), type=EventType.RECOVERED).exists(), outs
+    completed = Event.objects.filter(job_id__in=ids.values(), type=EventType.COMPLETED)
+    assert completed.count() == len(ids), result  # one completion each: the late ones refused
+    assert all(p.returncode == 0 for p in (stalled, other)), outs
