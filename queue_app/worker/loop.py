@@ -191,6 +191,8 @@ class Loop:
                 try:
                     asked = time.monotonic()
                     jobs = self._settle_and_claim(limit)
+                    if self.claim_errors:
+                        outages.answered(self.owner)  # the episode's closing line
                     self.claim_errors = 0
                     if jobs:
                         self.slots.leases_hold_until(asked + self.options.lease)
