@@ -180,7 +180,8 @@ def manage(*args, extra_env=None, **popen):
     # The developer's JOBQUEUE_* exports would change the subprocess's settings (the
     # in-process tests pin them in conftest); the project's defaults apply instead.
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBQUEUE_") and k != "SQLITE_TEST_NAME"}
-    env.update(DATABASE_URL=database_url(), PYTHONUNBUFFERED="1", **(extra_env or {}))
+    env.update(DATABASE_URL=database_url(), PYTHONUNBUFFERED="1")
+    env.update(extra_env or {})
     connections.close_all()
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "manage.py"), *args],
