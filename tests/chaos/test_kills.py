@@ -133,3 +133,60 @@ def test_a_whole_worker_stalled_past_its_lease_then_resumed_loses_nothing_and_it
     completed = Event.objects.filter(job_id__in=ids.values(), type=EventType.COMPLETED)
     assert completed.count() == len(ids), result  # one completion each: the late ones refused
     assert all(p.returncode == 0 for p in (stalled, other)), outs
+
+
+def test_a_worker_partitioned_from_the_database_past_its_lease_loses_nothing_when_it_heals(tmp_path):
+    """One worker reaches the database through a relay that goes silent for three leases
+    (a partition: no reset, its queries hang); the other, connected directly, recovers the
+    partitioned worker's jobs and runs them. Healed, the partitioned worker's late
+    acknowledgements are refused by the fence: each job completes once, and each second
+    run is explained by the recovery before it."""
+    from django.db import connection
+
+    from queue_app.models import Event, EventType
+    from tests.chaos.partition import Relay
+    from tests.worker_support import database_url
+
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite is a file on this host: there is no network to partition")
+    s = connection.settings_dict
+    relay = Relay(
+        s["HOST"] or "127.0.0.1", int(s["PORT"] or {"postgresql": 5432, "mysql": 3306}[connection.vendor])
+    )
+    through_relay = database_url().replace(f":{s['PORT']}/", f":{relay.port}/")
+    marker = tmp_path / "runs"
+    ids = harness.enqueue_marks(sample_tasks.mark, marker, harness.JOBS, seconds=0.005)
+    lease = ("--lease", "2s", "--recovery-interval", "500ms")
+    far = manage(
+        "runworker",
+        "--import",
+        "tests.sample_tasks",
+        "--poll",
+        "50ms",
+        "--concurrency",
+        "2",
+        "--name",
+        "far",
+        *lease,
+        extra_env={**harness.TASKS_ENV, "DATABASE_URL": through_relay},
+    )
+    near = worker("near", *lease)
+    try:
+        harness.wait_for_runs(marker, harness.JOBS // 5)
+        relay.cut()
+        time.sleep(6)  # three leases
+        relay.heal()
+        connections.close_all()
+        took = harness.wait_finished(list(ids.values()))
+    finally:
+        for p in (far, near):
+            p.send_signal(signal.SIGTERM)
+        outs = [p.communicate(timeout=60)[0] for p in (far, near)]
+        relay.close()
+
+    result = harness.tally("network_partition", ids, marker, kills=1, after_faults_s=round(took, 1))
+    harness.check(result)
+    assert result["states"] == {"completed": len(ids)}, (result, outs)
+    assert Event.objects.filter(job_id__in=ids.values(), type=EventType.COMPLETED).count() == len(ids)
+    assert Event.objects.filter(job_id__in=ids.values(), type=EventType.RECOVERED).exists(), outs
+    assert all(p.returncode == 0 for p in (far, near)), outs
