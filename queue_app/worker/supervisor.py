@@ -281,7 +281,7 @@ class Supervisor:
         self.generations[slot] += 1
         gen = self.generations[slot]
         owner = f"{self._owner_prefix()}{slot}.{gen}"
-        inherited = []
+        inherited, asked = [], time.monotonic()
         if inherit:
             dead, pairs = inherit
             inherited = (
@@ -306,6 +306,8 @@ class Supervisor:
         # A child claims at most `batch` at a time, and only into an empty buffer.
         wakeups = self.wakeups if self.watcher is not None else None
         slots = Slots(self.options.threads, acks, buffered=self.options.batch, wakeups=wakeups)
+        if inherited:  # their leases were just extended (hand_over)
+            slots.leases_hold_until(asked + self.options.lease)
         with self._forking():
             # No socket or SQLite handle may be shared across the fork.
             connections.close_all()

@@ -21,7 +21,7 @@ from django.db import connection, connections
 
 from queue_app.models import Event, EventType, Job, State
 
-JOBS = int(os.environ.get("JOBQUEUE_CHAOS_JOBS", "600"))
+JOBS = int(os.environ.get("JOBQUEUE_CHAOS_JOBS", "300"))
 # For manage() workers: the tests' @task functions may be run.
 TASKS_ENV = {"JOBQUEUE_TASK_MODULES": "queue_app,jobqueue_project,tests"}
 FINISHED = (State.COMPLETED, State.DEAD_LETTER, State.CANCELLED)
