@@ -10,11 +10,12 @@ COLUMNS = (
     "jobs",
     "kills",
     "restarts",
+    "released",
     "lost",
     "stuck",
     "duplicates",
     "duplicates_explained",
-    "seconds",
+    "after_faults_s",
 )
 
 

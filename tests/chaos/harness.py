@@ -88,9 +88,14 @@ def tally(scenario, ids, marker, **extra):
         "states": {k: v for k, v in out.items() if k in State.values or k == "missing"},
         **extra,
     }
+    return report(result)
+
+
+def report(result):
+    """Print a scenario's result as one JSON line (and keep it for make chaos's table)."""
     line = json.dumps(result)
     print(line)
-    if os.environ.get("JOBQUEUE_CHAOS_OUT"):  # make chaos collects them into its table
+    if os.environ.get("JOBQUEUE_CHAOS_OUT"):
         with open(os.environ["JOBQUEUE_CHAOS_OUT"], "a") as f:
             f.write(line + "\n")
     return result

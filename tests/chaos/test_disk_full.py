@@ -104,13 +104,18 @@ def test_a_disk_that_fills_up_mid_drain_costs_no_job_and_no_worker(tmp_path):
         final = states(db)
 
     runs = harness.runs(marker)
-    print(
+    harness.report(
         {
             "scenario": "disk_full",
             "db": "sqlite",
             "jobs": harness.JOBS,
-            "states": final,
+            "executed": len(runs),
             "duplicates": sum(runs.values()) - len(runs),
+            "duplicates_explained": 0,
+            "stuck": harness.JOBS - final.get("completed", 0),
+            "lost": harness.JOBS - len(runs),
+            "states": final,
+            "kills": 1,
         }
     )
     assert final == {"completed": harness.JOBS}, out
