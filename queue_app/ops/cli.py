@@ -70,6 +70,17 @@ class QueueCommand(BaseCommand):
         )
 
 
+class ServingCommand(QueueCommand):
+    """A long-running command (a worker, a web or metrics server) that must start while
+    the database refuses connections and wait for it, not crash at start-up: its system
+    checks leave out the ones that connect (Django runs the model fields' backend checks
+    against every database by default, and on MySQL/MariaDB that opens a connection
+    before the command's own code runs). `manage.py check` still runs them all."""
+
+    def check(self, *args, **kwargs):
+        return super().check(*args, **{**kwargs, "databases": []})
+
+
 def _with_subparsers(parser):
     yield parser
     for action in parser._actions:

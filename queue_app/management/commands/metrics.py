@@ -6,7 +6,7 @@ from queue_app.ops import cli, metrics
 from queue_app.web import metrics_http
 
 
-class Command(cli.QueueCommand):
+class Command(cli.ServingCommand):
     help = "Print the queue's Prometheus metrics once, or serve them over HTTP."
     epilog = """examples:
   manage.py metrics --once                           # one scrape on stdout

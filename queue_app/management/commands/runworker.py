@@ -16,7 +16,7 @@ def _seconds(value, unset="none"):
     return unset if value is None else f"{value:g}s"
 
 
-class Command(cli.QueueCommand):
+class Command(cli.ServingCommand):
     help = (
         "Run queued jobs: a supervisor with --concurrency child processes, each on --threads threads. "
         "Durations accept 500ms, 30s, 5m, 1h. Defaults come from the JOBQUEUE setting."

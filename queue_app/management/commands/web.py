@@ -57,7 +57,7 @@ def gunicorn_argv(addr, *, workers=None, threads=None, timeout=None):
     ]
 
 
-class Command(cli.QueueCommand):
+class Command(cli.ServingCommand):
     help = "Serve the admin, dashboard, JSON API and static files with gunicorn."
     epilog = """examples:
   manage.py web                                      # on WEB_ADDR (default 127.0.0.1:8000)
