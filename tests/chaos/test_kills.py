@@ -91,6 +91,11 @@ def test_whole_workers_killed_and_restarted_lose_nothing(tmp_path):
             kills += 1
             names[victim] = f"host-{'ab'[victim]}-{kills}"
             procs[victim] = worker(names[victim], *lease)
+            # Kill working workers, not ones still booting (a loaded machine takes seconds).
+            wait_for(
+                lambda n=names[victim]: Worker.objects.filter(name=n, state=WorkerState.RUNNING).exists(),
+                timeout=60,
+            )
         connections.close_all()
         took = harness.wait_finished(list(ids.values()))
     finally:

@@ -62,6 +62,10 @@ def test_a_soak_with_a_worker_killed_at_a_steady_beat_loses_nothing_and_leaks_no
             kills += 1
             names[victim] = f"soak-{victim}-{kills}"
             procs[victim] = worker(names[victim], *lease)
+            wait_for(  # kill working workers, not booting ones
+                lambda n=names[victim]: Worker.objects.filter(name=n, state=WorkerState.RUNNING).exists(),
+                timeout=60,
+            )
         connections.close_all()
         took = harness.wait_finished(list(ids.values()), timeout=300)
         if child in harness.children(steady.pid):

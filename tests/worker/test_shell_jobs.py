@@ -1,6 +1,7 @@
 """The built-in shell kind: argv without a shell, the job's timeout, exit code and output
 kept, and 20 real workers running a pile of shell jobs each exactly once."""
 
+import fcntl
 import os
 import shlex
 import signal
@@ -193,9 +194,22 @@ def test_command_timeout_leaves_a_margin_before_the_supervisor_deadline():
     assert 0 < shell.command_timeout(0.1) < 0.1
 
 
+@pytest.fixture
+def one_at_a_time():
+    """make test runs a suite per database at once, and three sets of twenty workers on
+    two cores take three times as long each: this test takes a host-wide lock, so the
+    suites take turns at it and get on with their other tests meanwhile."""
+    with open("/tmp/jobqueue-twenty-workers.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_twenty_workers_run_every_shell_job_exactly_once(shell_on, tmp_path):
+def test_twenty_workers_run_every_shell_job_exactly_once(one_at_a_time, shell_on, tmp_path):
     """Each job appends its token to its own file: a job run twice shows as two lines."""
     markers = tmp_path / "markers"
     markers.mkdir()
