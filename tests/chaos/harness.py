@@ -122,6 +122,21 @@ def children(pid):
         return []
 
 
+def holding(victim, other, timeout=60):
+    """Wait until workers ``victim`` and ``other`` have registered and ``victim`` holds
+    leases: a fault aimed at it then strands work (and a drain that ended first, or a
+    worker still booting, would make the scenario prove nothing)."""
+    from queue_app.models import Worker, WorkerState
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        up = Worker.objects.filter(name__in=[victim, other], state=WorkerState.RUNNING).count() == 2
+        if up and Job.objects.filter(state=State.LEASED, lease_owner__startswith=f"{victim}/").exists():
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"{victim} never held a lease while {other} was up")
+
+
 def expired_recoveries(ids):
     """Recoveries of a lease that lapsed (nobody took the job back sooner)."""
     return Event.objects.filter(

@@ -123,11 +123,11 @@ def test_a_whole_worker_stalled_past_its_lease_then_resumed_loses_nothing_and_it
     from queue_app.models import Event, EventType
 
     marker = tmp_path / "runs"
-    ids = harness.enqueue_marks(sample_tasks.mark, marker, harness.JOBS, seconds=0.005)
+    ids = harness.enqueue_marks(sample_tasks.mark, marker, harness.JOBS, seconds=0.02)
     lease = ("--lease", "1s", "--recovery-interval", "250ms")
     stalled, other = worker("stalled", *lease), worker("steady", *lease)
     try:
-        harness.wait_for_runs(marker, harness.JOBS // 5)
+        harness.holding("stalled", "steady")  # both up, and the one to stall holds leases
         frozen = [stalled.pid, *harness.children(stalled.pid)]
         for pid in frozen:
             os.kill(pid, signal.SIGSTOP)
@@ -171,7 +171,7 @@ def test_a_worker_partitioned_from_the_database_past_its_lease_loses_nothing_whe
     )
     through_relay = database_url().replace(f":{s['PORT']}/", f":{relay.port}/")
     marker = tmp_path / "runs"
-    ids = harness.enqueue_marks(sample_tasks.mark, marker, harness.JOBS, seconds=0.005)
+    ids = harness.enqueue_marks(sample_tasks.mark, marker, harness.JOBS, seconds=0.02)
     lease = ("--lease", "1s", "--recovery-interval", "250ms")
     far = manage(
         "runworker",
@@ -188,7 +188,7 @@ def test_a_worker_partitioned_from_the_database_past_its_lease_loses_nothing_whe
     )
     near = worker("near", *lease)
     try:
-        harness.wait_for_runs(marker, harness.JOBS // 5)
+        harness.holding("far", "near")  # both up, and the far one holds leases
         relay.cut()
         time.sleep(3)  # three leases
         relay.heal()
