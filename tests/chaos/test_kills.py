@@ -47,7 +47,9 @@ def test_children_killed_every_half_second_lose_nothing_and_leave_nothing_to_lap
     kills, rng = 0, random.Random(7)
     try:
         end = time.monotonic() + 120
-        while time.monotonic() < end and sum(harness.runs(marker).values()) < harness.JOBS * 0.9:
+        while time.monotonic() < end and (
+            kills < 2 or sum(harness.runs(marker).values()) < harness.JOBS * 0.9
+        ):
             time.sleep(0.5)
             pids = harness.children(proc.pid)
             if pids:
@@ -62,7 +64,7 @@ def test_children_killed_every_half_second_lose_nothing_and_leave_nothing_to_lap
 
     result = harness.tally("child_kills", ids, marker, kills=kills, after_faults_s=round(took, 1))
     harness.check(result)
-    assert kills > 0
+    assert kills >= 2
     # Every orphan was taken back at once, none left for its lease (30 s) to lapse.
     assert harness.expired_recoveries(list(ids.values())) == 0, out
     assert proc.returncode == 0, out

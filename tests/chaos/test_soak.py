@@ -40,7 +40,7 @@ def test_a_soak_with_a_worker_killed_at_a_steady_beat_loses_nothing_and_leaks_no
         pytest.skip("the soak is for the servers many hosts share; SQLite's kills are in test_kills.py")
     marker = tmp_path / "runs"
     total = harness.JOBS * 3
-    ids = harness.enqueue_marks(sample_tasks.mark, marker, total, seconds=0.002)
+    ids = harness.enqueue_marks(sample_tasks.mark, marker, total, seconds=0.01)
     lease = ("--lease", "1s", "--recovery-interval", "250ms")
     steady = worker("soak-steady", *lease)
     names = ["soak-victim", "soak-other"]
@@ -54,7 +54,7 @@ def test_a_soak_with_a_worker_killed_at_a_steady_beat_loses_nothing_and_leaks_no
         time.sleep(0.5)  # past its first jobs: imports and caches warm
         rss.append(rss_kib(child))
         end = time.monotonic() + 600
-        while time.monotonic() < end and sum(harness.runs(marker).values()) < total * 0.95:
+        while time.monotonic() < end and (kills < 3 or sum(harness.runs(marker).values()) < total * 0.95):
             time.sleep(KILL_EVERY)
             victim = rng.randrange(len(procs))
             procs[victim].kill()
@@ -80,7 +80,7 @@ def test_a_soak_with_a_worker_killed_at_a_steady_beat_loses_nothing_and_leaks_no
 
     result = harness.tally("soak", ids, marker, kills=kills, rss_kib=rss, after_faults_s=round(took, 1))
     harness.check(result)
-    assert kills >= 1
+    assert kills >= 3
     assert len(rss) == 2, "the steady worker's child was replaced: it should never have been touched"
     # Within 10% (and a megabyte of allocator noise) of where it started.
     assert rss[1] <= rss[0] * 1.10 + 1024, rss
