@@ -108,6 +108,27 @@ def check(result):
     assert result["duplicates"] == result["duplicates_explained"], result
 
 
+def worker(name, *extra, database_url=None):
+    """Start `manage.py runworker` (two children, the default batch) named ``name`` on the
+    test database, or on ``database_url``; return the Popen."""
+    from tests.worker_support import manage
+
+    env = {**TASKS_ENV, **({"DATABASE_URL": database_url} if database_url else {})}
+    return manage(
+        "runworker",
+        "--import",
+        "tests.sample_tasks",
+        "--poll",
+        "50ms",
+        "--concurrency",
+        "2",
+        "--name",
+        name,
+        *extra,
+        extra_env=env,
+    )
+
+
 def enqueue_marks(task, marker, n, **kwargs):
     """Enqueue ``n`` marker tasks through django.tasks; return {n: job id}."""
     return {i: int(task.enqueue(str(marker), i, **kwargs).id) for i in range(n)}

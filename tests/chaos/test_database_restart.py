@@ -14,7 +14,6 @@ from django.db import connection, connections
 from queue_app.models import Worker
 from tests import sample_tasks
 from tests.chaos import harness
-from tests.worker_support import manage
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -29,20 +28,7 @@ def test_two_database_restarts_during_a_drain_lose_no_job_and_run_none_twice(tmp
         n: int(sample_tasks.mark_once.enqueue(str(marker), n, seconds=0.01).id) for n in range(harness.JOBS)
     }
     admin = harness.admin_connection()
-    proc = manage(
-        "runworker",
-        "--import",
-        "tests.sample_tasks",
-        "--poll",
-        "50ms",
-        "--concurrency",
-        "2",
-        "--batch",
-        "10",
-        "--name",
-        "restarted",
-        extra_env=harness.TASKS_ENV,
-    )
+    proc = harness.worker("restarted")
     try:
         for share in (0.2, 0.6):
             harness.wait_for_runs(marker, int(harness.JOBS * share))

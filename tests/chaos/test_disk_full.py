@@ -18,7 +18,7 @@ import pytest
 from django.db import connection
 
 from tests.chaos import harness
-from tests.worker_support import ROOT, manage
+from tests.worker_support import ROOT
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -77,18 +77,7 @@ def test_a_disk_that_fills_up_mid_drain_costs_no_job_and_no_worker(tmp_path):
             env=_env(env),
             check=True,
         )
-        proc = manage(
-            "runworker",
-            "--import",
-            "tests.sample_tasks",
-            "--poll",
-            "50ms",
-            "--concurrency",
-            "2",
-            "--name",
-            "full",
-            extra_env=env,
-        )
+        proc = harness.worker("full", database_url=env["DATABASE_URL"])
         try:
             harness.wait_for_runs(marker, harness.JOBS // 5)
             fill(disk / "ballast")

@@ -15,7 +15,7 @@ from django.db import connection, connections
 
 from tests import sample_tasks
 from tests.chaos import harness
-from tests.worker_support import database_url, manage, read_until
+from tests.worker_support import database_url, read_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -87,18 +87,7 @@ def test_exhausted_connections_at_start_and_mid_drain_cost_no_job_and_no_worker_
     admin = harness.admin_connection()
     url = limited_role(admin)
     held = hog(SLOTS)
-    proc = manage(
-        "runworker",
-        "--import",
-        "tests.sample_tasks",
-        "--poll",
-        "50ms",
-        "--concurrency",
-        "2",
-        "--name",
-        "starved",
-        extra_env={**harness.TASKS_ENV, "DATABASE_URL": url},
-    )
+    proc = harness.worker("starved", database_url=url)
     try:
         before = read_until(proc, "the database refused the start", timeout=60)
         time.sleep(1.0)

@@ -17,33 +17,14 @@ from django.db import connections
 
 from tests import sample_tasks
 from tests.chaos import harness
-from tests.worker_support import manage
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
-
-
-def worker(name, *extra):
-    return manage(
-        "runworker",
-        "--import",
-        "tests.sample_tasks",
-        "--poll",
-        "50ms",
-        "--concurrency",
-        "2",
-        "--batch",
-        "10",
-        "--name",
-        name,
-        *extra,
-        extra_env=harness.TASKS_ENV,
-    )
 
 
 def test_children_killed_every_half_second_lose_nothing_and_leave_nothing_to_lapse(tmp_path):
     marker = tmp_path / "runs"
     ids = harness.enqueue_marks(sample_tasks.mark, marker, harness.JOBS, seconds=0.005)
-    proc = worker("child-killer")
+    proc = harness.worker("child-killer")
     kills, rng = 0, random.Random(7)
     try:
         end = time.monotonic() + 120
@@ -79,7 +60,7 @@ def test_whole_workers_killed_and_restarted_lose_nothing(tmp_path):
     # A short lease: a killed worker's jobs come back within seconds, not 30.
     lease = ("--lease", "1s", "--recovery-interval", "250ms")
     names = ["host-a", "host-b"]
-    procs = [worker(name, *lease) for name in names]
+    procs = [harness.worker(name, *lease) for name in names]
     kills = 0
     try:
         end = time.monotonic() + 120
@@ -92,7 +73,7 @@ def test_whole_workers_killed_and_restarted_lose_nothing(tmp_path):
             procs[victim].communicate(timeout=30)
             kills += 1
             names[victim] = f"host-{'ab'[victim]}-{kills}"
-            procs[victim] = worker(names[victim], *lease)
+            procs[victim] = harness.worker(names[victim], *lease)
             # Kill working workers, not ones still booting (a loaded machine takes seconds).
             wait_for(
                 lambda n=names[victim]: Worker.objects.filter(name=n, state=WorkerState.RUNNING).exists(),
@@ -127,7 +108,7 @@ def test_a_whole_worker_stalled_past_its_lease_then_resumed_loses_nothing_and_it
     marker = tmp_path / "runs"
     ids = harness.enqueue_marks(sample_tasks.mark, marker, harness.JOBS, seconds=0.02)
     lease = ("--lease", "1s", "--recovery-interval", "250ms")
-    stalled, other = worker("stalled", *lease), worker("steady", *lease)
+    stalled, other = harness.worker("stalled", *lease), harness.worker("steady", *lease)
     try:
         harness.holding("stalled", "steady")  # both up, and the one to stall holds leases
         frozen = [stalled.pid, *harness.children(stalled.pid)]
@@ -175,20 +156,8 @@ def test_a_worker_partitioned_from_the_database_past_its_lease_loses_nothing_whe
     marker = tmp_path / "runs"
     ids = harness.enqueue_marks(sample_tasks.mark, marker, harness.JOBS, seconds=0.02)
     lease = ("--lease", "1s", "--recovery-interval", "250ms")
-    far = manage(
-        "runworker",
-        "--import",
-        "tests.sample_tasks",
-        "--poll",
-        "50ms",
-        "--concurrency",
-        "2",
-        "--name",
-        "far",
-        *lease,
-        extra_env={**harness.TASKS_ENV, "DATABASE_URL": through_relay},
-    )
-    near = worker("near", *lease)
+    far = harness.worker("far", *lease, database_url=through_relay)
+    near = harness.worker("near", *lease)
     try:
         harness.holding("far", "near")  # both up, and the far one holds leases
         relay.cut()

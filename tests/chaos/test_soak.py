@@ -17,7 +17,6 @@ from django.db import connections
 from queue_app.models import Worker, WorkerState
 from tests import sample_tasks
 from tests.chaos import harness
-from tests.chaos.test_kills import worker
 from tests.worker_support import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -42,9 +41,9 @@ def test_a_soak_with_a_worker_killed_at_a_steady_beat_loses_nothing_and_leaks_no
     total = harness.JOBS * 3
     ids = harness.enqueue_marks(sample_tasks.mark, marker, total, seconds=0.01)
     lease = ("--lease", "1s", "--recovery-interval", "250ms")
-    steady = worker("soak-steady", *lease)
+    steady = harness.worker("soak-steady", *lease)
     names = ["soak-victim", "soak-other"]
-    procs = [worker(name, *lease) for name in names]
+    procs = [harness.worker(name, *lease) for name in names]
     rng, kills, rss = random.Random(11), 0, []
     try:
         harness.wait_for_runs(marker, total // 10)
@@ -61,7 +60,7 @@ def test_a_soak_with_a_worker_killed_at_a_steady_beat_loses_nothing_and_leaks_no
             procs[victim].communicate(timeout=30)
             kills += 1
             names[victim] = f"soak-{victim}-{kills}"
-            procs[victim] = worker(names[victim], *lease)
+            procs[victim] = harness.worker(names[victim], *lease)
             wait_for(  # kill working workers, not booting ones
                 lambda n=names[victim]: Worker.objects.filter(name=n, state=WorkerState.RUNNING).exists(),
                 timeout=60,

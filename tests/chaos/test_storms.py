@@ -12,26 +12,8 @@ from django.db import connection, connections
 
 from tests import sample_tasks
 from tests.chaos import harness
-from tests.worker_support import manage
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
-
-
-def worker(name):
-    return manage(
-        "runworker",
-        "--import",
-        "tests.sample_tasks",
-        "--poll",
-        "50ms",
-        "--concurrency",
-        "2",
-        "--batch",
-        "10",
-        "--name",
-        name,
-        extra_env=harness.TASKS_ENV,
-    )
 
 
 def test_every_worker_connection_killed_every_second_loses_nothing_and_runs_nothing_twice(tmp_path):
@@ -40,7 +22,7 @@ def test_every_worker_connection_killed_every_second_loses_nothing_and_runs_noth
     marker = tmp_path / "runs"
     ids = harness.enqueue_marks(sample_tasks.mark_once, marker, harness.JOBS, seconds=0.01)
     admin = harness.admin_connection()
-    proc = worker("storm")
+    proc = harness.worker("storm")
     rounds = 0
     try:
         end = time.monotonic() + 120
@@ -71,13 +53,13 @@ def test_sigterm_mid_drain_then_a_restart_finishes_every_job_once(tmp_path):
     ids = harness.enqueue_marks(sample_tasks.mark_once, marker, harness.JOBS, seconds=0.005)
     stops = 0
     for share in (0.3, 0.6):
-        proc = worker(f"graceful-{stops}")
+        proc = harness.worker(f"graceful-{stops}")
         harness.wait_for_runs(marker, int(harness.JOBS * share))
         proc.send_signal(signal.SIGTERM)  # finish the running jobs, give the claimed back
         out, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0, out
         stops += 1
-    proc = worker("graceful-last")
+    proc = harness.worker("graceful-last")
     try:
         took = harness.wait_finished(list(ids.values()))
     finally:
@@ -101,7 +83,7 @@ def test_a_timeout_storm_beside_quick_jobs_releases_nothing_and_runs_each_once(t
     ids = harness.enqueue_marks(sample_tasks.mark_once, marker, harness.JOBS, seconds=0.002)
     for n in range(harness.JOBS, harness.JOBS + overrunning):
         ids[n] = int(sample_tasks.overruns.enqueue(str(marker), n).id)
-    procs = [worker("timeouts-a"), worker("timeouts-b")]
+    procs = [harness.worker("timeouts-a"), harness.worker("timeouts-b")]
     try:
         took = harness.wait_finished(list(ids.values()), timeout=180)
     finally:
