@@ -1,0 +1,56 @@
+"""The schema SQL that Django's migration operations cannot say, one function per migration.
+
+A migration runs the code it imports as it is at the time it runs, so these functions are
+frozen: a later schema change gets a new function and a new migration, never an edit here
+(as Oban keeps one module per migration version in its engines).
+"""
+
+# 0002: the claim query's indexes (see leasing.py for the query they serve). PostgreSQL and
+# SQLite get partial indexes over pending (and leased) rows only, so completed history costs
+# them nothing. MariaDB has no partial indexes: the same columns lead with ``state`` instead.
+CLAIM_INDEXES_PARTIAL = [
+    ("jq_ready_prio", "(priority, run_at, created_at, id) WHERE state = 'pending'"),
+    ("jq_ready_queue", "(queue_name, priority, run_at, created_at, id) WHERE state = 'pending'"),
+    ("jq_lease_expiry", "(lease_expires_at) WHERE state = 'leased'"),
+]
+CLAIM_INDEXES_PREFIXED = [
+    ("jq_ready_prio", "(state, priority, run_at, created_at, id)"),
+    ("jq_ready_queue", "(state, queue_name, priority, run_at, created_at, id)"),
+    ("jq_lease_expiry", "(state, lease_expires_at)"),
+]
+
+
+def create_claim_indexes_0002(apps, schema_editor):
+    vendor = schema_editor.connection.vendor
+    for name, cols in CLAIM_INDEXES_PREFIXED if vendor == "mysql" else CLAIM_INDEXES_PARTIAL:
+        schema_editor.execute(f"CREATE INDEX {name} ON queue_app_job {cols}")
+
+
+def drop_claim_indexes_0002(apps, schema_editor):
+    # IF EXISTS: unapplying the later migrations rebuilds the table on SQLite, which keeps
+    # only the indexes Django knows of, so by now these may be gone.
+    vendor = schema_editor.connection.vendor
+    for name, _ in CLAIM_INDEXES_PARTIAL:
+        if vendor == "mysql":
+            schema_editor.execute(f"DROP INDEX IF EXISTS {name} ON queue_app_job")
+        else:
+            schema_editor.execute(f"DROP INDEX IF EXISTS {name}")
+
+
+# 0010: idempotency and concurrency keys are exact strings on every database. MariaDB
+# compares strings by the column's collation, utf8mb4_general_ci here: "Key", "key" and
+# "key " are one value to it, while PostgreSQL and SQLite tell them apart.
+# utf8mb4_nopad_bin compares the bytes, trailing spaces included (utf8mb4_bin still pads).
+EXACT_KEY_COLUMNS = ("idempotency_key", "concurrency_key")
+
+
+def collate_keys_0010(collation):
+    def run(apps, schema_editor):
+        if schema_editor.connection.vendor != "mysql":
+            return
+        changes = ", ".join(
+            f"MODIFY {column} varchar(255) COLLATE {collation} NULL" for column in EXACT_KEY_COLUMNS
+        )
+        schema_editor.execute(f"ALTER TABLE queue_app_job {changes}")
+
+    return run
