@@ -163,3 +163,14 @@ def overruns(path, n):
     with open(path, "a") as f:
         f.write(f"{n}\n")
     time.sleep(60)
+
+
+@options_task(takes_context=True, max_attempts=4, backoff={"base": 1, "max": 1, "jitter": False})
+def mark_flaky(context, path, n, failures=0):
+    """Marks its execution, then fails its first ``failures`` attempts (each retried 1 s
+    later): a retry storm when enqueued by the thousand."""
+    with open(path, "a") as f:
+        f.write(f"{n}\n")
+    if context.attempt <= failures:
+        raise TaskBoom(f"attempt {context.attempt} of {n}")
+    return n

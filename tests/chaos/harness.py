@@ -143,6 +143,17 @@ def children(pid):
         return []
 
 
+def registered(*names, timeout=60):
+    """Wait until the workers ``names`` have all registered (are up and claiming)."""
+    from queue_app.models import Worker, WorkerState
+
+    end = time.monotonic() + timeout
+    while Worker.objects.filter(name__in=names, state=WorkerState.RUNNING).count() < len(names):
+        if time.monotonic() > end:
+            raise AssertionError(f"workers {names} did not all register in {timeout}s")
+        time.sleep(0.02)
+
+
 def holding(victim, other, timeout=60):
     """Wait until workers ``victim`` and ``other`` have registered and ``victim`` holds
     leases: a fault aimed at it then strands work (and a drain that ended first, or a

@@ -99,3 +99,80 @@ def test_a_timeout_storm_beside_quick_jobs_releases_nothing_and_runs_each_once(t
     assert result["states"] == {"completed": harness.JOBS, "dead_letter": overrunning}, (result, outs)
     assert result["duplicates"] == 0, result
     assert released == 0, (result, outs)
+
+
+def test_a_retry_storm_runs_each_job_exactly_its_attempts_and_no_more(tmp_path):
+    """Half the jobs fail twice before they succeed, a quarter fail every attempt, all with
+    a 1 s backoff, beside quick jobs: thousands of retries churn the claim index at once.
+    Each job runs exactly as often as its attempts say, the hopeless ones are dead letters
+    after exactly four runs, and nothing is lost or left behind."""
+    from queue_app.models import Event, EventType, Job
+
+    marker = tmp_path / "runs"
+    flaky, hopeless = harness.JOBS // 2, harness.JOBS // 4
+    ids = {}
+    for n in range(harness.JOBS):
+        failures = 2 if n < flaky else 4 if n < flaky + hopeless else 0
+        ids[n] = int(sample_tasks.mark_flaky.enqueue(str(marker), n, failures).id)
+    procs = [harness.worker("retries-a"), harness.worker("retries-b")]
+    try:
+        took = harness.wait_finished(list(ids.values()), timeout=180)
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        outs = [p.communicate(timeout=60)[0] for p in procs]
+
+    failed = Event.objects.filter(job_id__in=ids.values(), type=EventType.FAILED).count()
+    result = harness.tally("retry_storm", ids, marker, kills=0, failed=failed, after_faults_s=round(took, 1))
+    harness.check(result)
+    executed = harness.runs(marker)
+    attempts = dict(Job.objects.filter(id__in=ids.values()).values_list("id", "attempts"))
+    expected = {n: 3 if n < flaky else 4 if n < flaky + hopeless else 1 for n in ids}
+    assert {n: executed[n] for n in ids} == expected, outs
+    assert {n: attempts[ids[n]] for n in ids} == expected
+    assert result["states"] == {"completed": harness.JOBS - hopeless, "dead_letter": hopeless}, (result, outs)
+    assert failed == 2 * flaky + 3 * hopeless  # a last failure is `dead_lettered`, not `failed`
+
+
+@pytest.mark.parametrize("cap", [1, None], ids=["capped", "uncapped"])
+def test_a_stuck_kind_in_a_stream_of_quick_jobs_runs_each_once(tmp_path, cap):
+    """The README's advice for stuck jobs, measured: a steady stream of quick jobs with
+    every tenth an overrun of its 1 s timeout, with the overrunning kind limited to one
+    leased job (a KindLimit, as `manage.py limits ... --concurrency 1` writes) and without.
+    The quick jobs' enqueue-to-claim times are printed (p50, p99) for the two side by
+    side, not asserted: this machine is shared."""
+    from queue_app.models import Event, EventType, Job, KindLimit
+
+    marker = tmp_path / "runs"
+    if cap:
+        KindLimit.objects.create(kind=sample_tasks.overruns.module_path, concurrency=cap)
+    total = max(200, harness.JOBS // 2)
+    stuck = set(range(5, total, 10))
+    procs = [harness.worker("stream-a"), harness.worker("stream-b")]
+    ids = {}
+    try:
+        harness.registered("stream-a", "stream-b")
+        for n in range(total):
+            task = sample_tasks.overruns if n in stuck else sample_tasks.mark_once
+            ids[n] = int(task.enqueue(str(marker), n).id)
+            time.sleep(0.02)
+        took = harness.wait_finished(list(ids.values()), timeout=180)
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        outs = [p.communicate(timeout=60)[0] for p in procs]
+
+    quick_ids = [ids[n] for n in range(total) if n not in stuck]
+    created = dict(Job.objects.filter(id__in=quick_ids).values_list("id", "created_at"))
+    claimed = Event.objects.filter(job_id__in=quick_ids, type=EventType.CLAIMED).values_list("job_id", "at")
+    waits = sorted((at - created[job_id]).total_seconds() * 1000 for job_id, at in claimed)
+    pickup = {
+        "quick_pickup_p50_ms": round(waits[len(waits) // 2], 1),
+        "quick_pickup_p99_ms": round(waits[int(len(waits) * 0.99) - 1], 1),
+    }
+    name = f"timeout_stream_{'capped' if cap else 'uncapped'}"
+    result = harness.tally(name, ids, marker, kills=len(stuck), after_faults_s=round(took, 1), **pickup)
+    harness.check(result)
+    assert len(waits) == len(quick_ids)  # one claim each: none released and re-claimed
+    assert result["states"] == {"completed": len(quick_ids), "dead_letter": len(stuck)}, (result, outs)
+    assert result["duplicates"] == 0, result
