@@ -11,6 +11,8 @@ COLUMNS = (
     "kills",
     "restarts",
     "released",
+    "failed",
+    "quick_pickup_p99_ms",
     "lost",
     "stuck",
     "duplicates",

@@ -3,7 +3,9 @@ steady beat, and one never touched, whose child's resident memory is read at the
 and at the end (a leak per job shows over thousands of jobs).
 
 Sizes: 3 x JOBQUEUE_CHAOS_JOBS tasks; JOBQUEUE_SOAK_KILL_EVERY seconds between kills
-(1 by default; the long soak: JOBQUEUE_CHAOS_JOBS=33334 JOBQUEUE_SOAK_KILL_EVERY=10).
+(1 by default); JOBQUEUE_SOAK_WORKERS runworkers of two children each (3 by default). The
+long soak, 100,000 tasks through 8 children: JOBQUEUE_CHAOS_JOBS=33334
+JOBQUEUE_SOAK_KILL_EVERY=10 JOBQUEUE_SOAK_WORKERS=4.
 """
 
 import os
@@ -22,6 +24,7 @@ from tests.worker_support import wait_for
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 KILL_EVERY = float(os.environ.get("JOBQUEUE_SOAK_KILL_EVERY", "1"))
+WORKERS = int(os.environ.get("JOBQUEUE_SOAK_WORKERS", "3"))
 
 
 def rss_kib(pid):
@@ -42,7 +45,7 @@ def test_a_soak_with_a_worker_killed_at_a_steady_beat_loses_nothing_and_leaks_no
     ids = harness.enqueue_marks(sample_tasks.mark, marker, total, seconds=0.01)
     lease = ("--lease", "1s", "--recovery-interval", "250ms")
     steady = harness.worker("soak-steady", *lease)
-    names = ["soak-victim", "soak-other"]
+    names = [f"soak-{n}" for n in range(WORKERS - 1)]
     procs = [harness.worker(name, *lease) for name in names]
     rng, kills, rss = random.Random(11), 0, []
     try:
@@ -77,7 +80,9 @@ def test_a_soak_with_a_worker_killed_at_a_steady_beat_loses_nothing_and_leaks_no
             p.send_signal(signal.SIGTERM)
         outs = [p.communicate(timeout=60)[0] for p in (steady, *procs)]
 
-    result = harness.tally("soak", ids, marker, kills=kills, rss_kib=rss, after_faults_s=round(took, 1))
+    result = harness.tally(
+        "soak", ids, marker, kills=kills, workers=WORKERS, rss_kib=rss, after_faults_s=round(took, 1)
+    )
     harness.check(result)
     assert kills >= 3
     assert len(rss) == 2, "the steady worker's child was replaced: it should never have been touched"
