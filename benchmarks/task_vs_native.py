@@ -10,7 +10,7 @@ For each database and path:
   just before the call to its return; on SQLite beside a bare baseline: Python's sqlite3
   inserting the same job row and enqueued event per transaction, on the same file with
   the same PRAGMAs (the floor for this schema).
-- ``drain``: those N jobs drained by `runworker --burst --concurrency 4 --batch B`, from the
+- ``drain``: (the median of --rounds runs of each path, in turns) those N jobs drained by `runworker --burst --concurrency 4 --batch B`, from the
   first start to the last finish (database timestamps: process start-up left out).
 - ``latency``: 4 idle children (the default poll, 1 s: the wake-ups are what is
   measured); 200 jobs 20 ms apart; from just before the enqueue call to the first line
@@ -24,6 +24,7 @@ The functions are jobqueue_project.tasks.stamp (@task) and the "bench.stamp" han
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -173,6 +174,19 @@ def latency(db, path, n, poll):
         proc.wait(30)
 
 
+def rounds(db, jobs, batch, n):
+    """{path: (enqueue/s, drain/s)}: the medians of ``n`` runs of each path, taken in turns
+    (native, task, then task, native) so that the machine's drifting load falls on both."""
+    runs = {"native": [], "task": []}
+    for r in range(n):
+        for path in ("native", "task") if r % 2 == 0 else ("task", "native"):
+            runs[path].append(enqueue_and_drain(db, path, jobs, batch))
+    return {
+        path: tuple(round(statistics.median(run[i] for run in got)) for i in (0, 1))
+        for path, got in runs.items()
+    }
+
+
 def emit(**line):
     print(json.dumps({**line, "load_1m": loadavg()}), flush=True)
 
@@ -187,10 +201,13 @@ def main():
     parser.add_argument("--latency-jobs", type=int, default=200)
     parser.add_argument("--latency-poll", default="1s", help="the idle children's poll in the latency run")
     parser.add_argument("--latency-only", action="store_true", help="only the latency figure")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="drains of each path per batch, in turns; medians printed"
+    )
     args = parser.parse_args()
     for db in args.db or ["sqlite", "postgres"]:
         for batch in [] if args.latency_only else [int(b) for b in args.batch.split(",")]:
-            got = {path: enqueue_and_drain(db, path, args.jobs, batch) for path in ("native", "task")}
+            got = rounds(db, args.jobs, batch, args.rounds)
             for i, what in ((1, "drain"), (0, "enqueue")):
                 if what == "enqueue" and batch != int(args.batch.split(",")[0]):
                     continue  # the same calls each time: one line is enough

@@ -11,7 +11,7 @@ that leased it is its only history event, and the row holds the rest.
 
 import builtins
 import logging
-from dataclasses import replace
+from dataclasses import fields, replace
 
 from django.core.signals import setting_changed
 from django.db import router
@@ -200,23 +200,23 @@ def succeeded(result, finished_at, value):
 
     Exact because the completion was fenced by owner and attempt: nothing else was
     written to the job's history between the claim and it."""
-    # Built whole rather than by dataclasses.replace(), which costs twice as much.
-    done = TaskResult(
-        task=result.task,
-        id=result.id,
-        status=TaskResultStatus.SUCCESSFUL,
-        enqueued_at=result.enqueued_at,
-        started_at=result.started_at,
-        finished_at=finished_at,
-        last_attempted_at=result.last_attempted_at,
-        args=result.args,
-        kwargs=result.kwargs,
-        backend=result.backend,
-        errors=list(result.errors),
-        worker_ids=list(result.worker_ids),
-    )
-    object.__setattr__(done, "_return_value", value)
+    # A copy of the running result, field by field: TaskResult() would check and copy
+    # args and kwargs again (its __post_init__), which the running one has done, and
+    # dataclasses.replace() costs twice as much as that. Two microseconds a job.
+    done = _new_result(TaskResult)
+    for name in _RESULT_FIELDS:
+        _set(done, name, getattr(result, name))
+    _set(done, "status", TaskResultStatus.SUCCESSFUL)
+    _set(done, "finished_at", finished_at)
+    _set(done, "errors", list(result.errors))
+    _set(done, "worker_ids", list(result.worker_ids))
+    _set(done, "_return_value", value)
     return done
+
+
+_RESULT_FIELDS = tuple(f.name for f in fields(TaskResult))
+_new_result = object.__new__
+_set = object.__setattr__
 
 
 def pending(job, task, alias):

@@ -72,6 +72,8 @@ class _ThreadLogHandler(logging.Handler):
     def emit(self, record):
         capture = current()
         if capture is not None:
+            if capture.discards:
+                return  # formatting a record costs more than the rest of its trip here
             try:
                 capture.write("log", self.format(record) + "\n")
             except Exception:
@@ -151,6 +153,8 @@ class Capture:
     "truncated": {stream: bytes dropped from its start} when a stream overflowed.
     """
 
+    discards = False
+
     def __init__(self, limit=None):
         self.limit = int(settings.OUTPUT_MAX_BYTES if limit is None else limit)
         self.tails = {}
@@ -191,6 +195,23 @@ class Capture:
         if truncated:
             out["truncated"] = truncated
         return out
+
+
+class Discard(Capture):
+    """A capture that keeps nothing: for what the calling thread prints and logs that
+    belongs to no attempt (Django's "Task ... state=RUNNING" line from task_started's
+    receivers), dropped here unformatted; other log handlers still see it."""
+
+    discards = True
+
+    def __init__(self):
+        # One per task start: no settings read, nothing to keep.
+        self.limit = 1
+        self.tails = {}
+        self._previous = None
+
+    def write(self, stream, text):
+        pass
 
 
 def write(stream, text):

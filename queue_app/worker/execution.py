@@ -56,7 +56,7 @@ def _call(func, job):
     if registry.is_task(func):
         # A django.tasks function: args/kwargs, TaskContext and Django's task signals;
         # what task_started's receivers log goes to a capture of its own, not the job's.
-        return task_running.run(job, func, aside=capture.Capture)
+        return task_running.run(job, func, aside=capture.Discard)
     result = func(job.payload, job=job) if registry.wants_job(func) else func(job.payload)
     if inspect.isawaitable(result):
         result = asyncio.run(_await(result))
