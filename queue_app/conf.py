@@ -75,6 +75,10 @@ DEFAULTS = {
     "HEARTBEAT_INTERVAL": None,
     # Seconds between sweeps for expired leases (one also runs at start-up).
     "RECOVERY_INTERVAL": 15.0,
+    # Times recovery may give a job its attempt back because its row never showed the
+    # attempt running (a whole worker died with it claimed, unstarted): the bound keeps a
+    # job that kills its worker as soon as it starts from being given back for ever.
+    "RECOVERY_RETURNS": 2,
     # Seconds a stopping worker lets claimed jobs finish before releasing them.
     "GRACE_SECONDS": 30.0,
     # Abort (aborting.py): seconds between a supervisor's looks for abort requests on the

@@ -224,6 +224,12 @@ class Job(models.Model):
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
+    # The attempt its worker's supervisor last saw running (its lease renewal writes it):
+    # a lease recovered while ``attempts`` is another number never reached its handler as
+    # far as the row knows, and recovery gives the attempt back (transitions.recover), at
+    # most RECOVERY_RETURNS times (``returned_attempts``).
+    started_attempt = models.PositiveIntegerField(null=True, blank=True)
+    returned_attempts = models.PositiveIntegerField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     result = models.JSONField(null=True, blank=True)
     last_error = models.JSONField(null=True, blank=True)

@@ -29,12 +29,16 @@ class JobFactory(factory.django.DjangoModelFactory):
             attempts=1,
             lease_owner="worker-1",
             lease_expires_at=factory.LazyFunction(lambda: timezone.now() + timedelta(seconds=30)),
+            # Running, as its supervisor's renewal saw it (started_attempt=None: claimed
+            # and never started).
+            started_attempt=factory.LazyAttribute(lambda o: o.attempts),
         )
         expired = factory.Trait(
             state=State.LEASED,
             attempts=1,
             lease_owner="worker-1",
             lease_expires_at=factory.LazyFunction(lambda: timezone.now() - timedelta(seconds=1)),
+            started_attempt=factory.LazyAttribute(lambda o: o.attempts),
         )
         dead = factory.Trait(
             state=State.DEAD_LETTER,

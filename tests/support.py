@@ -1,7 +1,12 @@
-"""Helpers several test modules use: a job's events as rows or as types, its last event.
-(Worker processes have their own module, tests/worker_support.py.)"""
+"""Helpers several test modules use: a job's events as rows or as types, its last event,
+a lease run out. (Worker processes have their own module, tests/worker_support.py.)"""
 
-from queue_app.models import Event
+from datetime import timedelta
+
+from django.db.models import F
+from django.utils import timezone
+
+from queue_app.models import Event, Job
 
 
 def events(job):
@@ -16,3 +21,12 @@ def event_types(job):
 
 def last_event(job):
     return Event.objects.filter(job_id=job.id).order_by("-id").first()
+
+
+def lapse(job, *, started=True):
+    """Let ``job``'s lease run out, as if its worker had stalled or died. With ``started``
+    a lease renewal had seen its attempt running first (Job.started_attempt), so
+    recovery spends the attempt; without, it was claimed and never started, and recovery
+    gives the attempt back."""
+    changes = {"started_attempt": F("attempts")} if started else {}
+    Job.objects.filter(id=job.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1), **changes)

@@ -3,15 +3,14 @@ lifetime, lost-lease logging. (One writer of state and events, and the layers:
 tests/test_layers.py; the index-driven claim's plans: tests/engines/test_claim_plans.py.)"""
 
 import logging
-from datetime import timedelta
 
 import pytest
 from django.db import DatabaseError, connection
-from django.utils import timezone
 
 from queue_app import enqueue
 from queue_app.core import transitions
 from queue_app.models import Event, Job, State
+from tests.support import lapse
 
 
 @pytest.mark.django_db(transaction=True)
@@ -64,7 +63,7 @@ def test_an_idempotency_key_keeps_returning_the_finished_job_until_it_is_pruned_
 def test_a_worker_that_lost_its_lease_is_refused_and_it_is_logged(caplog):
     job = enqueue("echo", {})
     transitions.claim("w1")
-    Job.objects.filter(id=job.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    lapse(job)
     transitions.recover()
     with caplog.at_level(logging.WARNING, logger="queue_app"):
         assert transitions.complete(job.id, worker_id="w1", attempt=1) is False

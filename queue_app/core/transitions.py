@@ -31,7 +31,8 @@ from datetime import timedelta
 from functools import partial
 
 from django.db import IntegrityError, connections, router, transaction
-from django.db.models import BooleanField, ExpressionWrapper, Q
+from django.db.models import BooleanField, ExpressionWrapper, F, Q
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from queue_app import engines
@@ -703,10 +704,13 @@ def hand_over(pairs, *, from_owner, to_owner, lease_seconds=None, using=None):
         return list(_held(db, to_owner, pairs).order_by("-priority", "id"))
 
 
-def renew(job_ids, *, worker_id, lease_seconds=None, using=None):
+def renew(job_ids, *, worker_id, lease_seconds=None, started=None, using=None):
     """Extend this worker's leases (a heartbeat, not a transition: no event).
 
-    Return the ids still held; a missing id means the lease was lost.
+    ``started`` {job_id: attempt}: the held jobs whose handlers this worker has started,
+    noted on their rows (Job.started_attempt) so that recovery tells a job that ran from
+    one that was claimed and never started. Return the ids still held; a missing id means
+    the lease was lost.
     """
     db = _db(using)
     lease = float(settings.LEASE_SECONDS if lease_seconds is None else lease_seconds)
@@ -718,12 +722,33 @@ def renew(job_ids, *, worker_id, lease_seconds=None, using=None):
             _held(db, worker_id, [(job_id, None) for job_id in ids]).update(
                 lease_expires_at=now + timedelta(seconds=lease)
             )
+        if started:
+            _mark_started(db, worker_id, started)
     return ids
+
+
+def mark_started(started, *, worker_id, using=None):
+    """Note on the rows of ``started`` {job_id: attempt}, still held by this worker, that
+    those attempts reached their handlers (Job.started_attempt; not a transition: no
+    event). For a job the worker gives up on after running it: its lease will lapse, and
+    recovery must spend the attempt, not give it back."""
+    db = _db(using)
+    with transaction.atomic(using=db):
+        _mark_started(db, worker_id, started)
+
+
+def _mark_started(db, worker_id, started):
+    # Fenced by attempt as well: only the attempt that ran is marked.
+    _held(db, worker_id, list(started.items())).exclude(started_attempt=F("attempts")).update(
+        started_attempt=F("attempts")
+    )
 
 
 def recover(*, limit=500, now=None, owned_by=None, owner=None, exclude=(), using=None):
     """Take back leases past their deadline: each consumes its attempt and goes to
-    pending, or to dead_letter when none are left. Return [(id, new_state)].
+    pending, or to dead_letter when none are left; one whose row never showed its
+    attempt running (Job.started_attempt) gets the attempt back and goes to pending, at
+    most RECOVERY_RETURNS times per job. Return [(id, new_state)].
 
     With ``owned_by`` (a lease-owner prefix: a stopped worker's name), or ``owner`` (one
     exact lease owner: a worker child that died), take back those leases whatever their
@@ -750,7 +775,8 @@ def recover(*, limit=500, now=None, owned_by=None, owner=None, exclude=(), using
         jobs = list(qs[:limit])
         if not jobs:
             return out
-        events, letters, back, dead, aborted = [], [], [], [], []
+        events, letters, back, dead, aborted, given_back = [], [], [], [], [], []
+        returns = settings.RECOVERY_RETURNS
         for job in jobs:
             error = events_.error(
                 "LeaseExpired",
@@ -759,11 +785,21 @@ def recover(*, limit=500, now=None, owned_by=None, owner=None, exclude=(), using
                 else f"lease held by {job.lease_owner}, {taken_back}",
             )
             to = State.PENDING if job.attempts < job.max_attempts else State.DEAD_LETTER
+            # Never seen running by its supervisor's renewals: claimed, then lost with its
+            # worker before it started (or within one renewal of its start, hence the bound).
+            unstarted = job.started_attempt != job.attempts and (job.returned_attempts or 0) < returns
             if job.cancel_requested_at is not None:
                 # Its abort was asked for: the worker died before settling it; do not retry.
                 to = State.CANCELLED
-            {State.PENDING: back, State.DEAD_LETTER: dead, State.CANCELLED: aborted}[to].append(job.id)
+            elif unstarted:
+                to = State.PENDING
+                error["message"] += "; never seen started: its attempt is given back"
             meta = {"error": error}
+            if to == State.PENDING and unstarted:
+                given_back.append(job.id)
+                meta["attempt_returned"] = True
+            else:
+                {State.PENDING: back, State.DEAD_LETTER: dead, State.CANCELLED: aborted}[to].append(job.id)
             if to == State.DEAD_LETTER:
                 letters.append(_dead_letter_row(job, now, error, "lease_expired"))
                 meta.update(_follow_ups(db, job, State.DEAD_LETTER, now, error=error))
@@ -783,7 +819,7 @@ def recover(*, limit=500, now=None, owned_by=None, owner=None, exclude=(), using
                 )
             )
             out.append((job.id, to))
-        lapsed = {"id__in": back + dead + aborted, "state": State.LEASED}
+        lapsed = {"id__in": back + dead + aborted + given_back, "state": State.LEASED}
         if owned_by is None:
             lapsed["lease_expires_at__lt"] = now
         if aborted:
@@ -800,6 +836,15 @@ def recover(*, limit=500, now=None, owned_by=None, owner=None, exclude=(), using
                 run_at=now,
                 lease_owner=None,
                 lease_expires_at=None,
+            )
+        if given_back:
+            Job.objects.using(db).filter(**{**lapsed, "id__in": given_back}).update(
+                state=State.PENDING,
+                run_at=now,
+                lease_owner=None,
+                lease_expires_at=None,
+                attempts=F("attempts") - 1,
+                returned_attempts=Coalesce("returned_attempts", 0) + 1,
             )
         if dead:
             Job.objects.using(db).filter(**{**lapsed, "id__in": dead}).update(

@@ -132,6 +132,10 @@ def _forget(*, setting, **kwargs):
 setting_changed.connect(_forget)
 
 
+def _returned(event):
+    return event.type == EventType.RECOVERED and bool((event.metadata or {}).get("attempt_returned"))
+
+
 def from_job(job, task, alias, events=None):
     """Build the TaskResult for ``job``, whose kind resolved to ``task``."""
     events = _history(job) if events is None else events
@@ -140,8 +144,8 @@ def from_job(job, task, alias, events=None):
         if event.type == EventType.CLAIMED:
             worker_ids.append(event.worker)
             attempted.append(event.at)
-        elif event.type == EventType.RELEASED and worker_ids:
-            # Given back before it started: not an attempt.
+        elif (event.type == EventType.RELEASED or _returned(event)) and worker_ids:
+            # Given back before it started (by its worker, or by recovery): not an attempt.
             worker_ids.pop()
             attempted.pop()
         elif event.type in ERROR_EVENTS:

@@ -276,9 +276,20 @@ class Loop:
             # Settling failed (database gone?): the lease lapses and recovery takes it back.
             log.exception("could not settle id=%s worker=%s", job.id, self.owner)
             connection.close()
+            self._mark_ran({job.id: job.attempts})
         finally:
             self.slots.clear(i)
             self.slots.add_done()
+
+    def _mark_ran(self, started):
+        """Jobs given up on after they ran, {job_id: attempt}: their leases lapse, and
+        recovery must spend their attempts, not give them back as if never started
+        (transitions.mark_started). Best effort: the database may be what failed."""
+        try:
+            transitions.mark_started(started, worker_id=self.owner)
+        except Exception as exc:
+            log.warning("could not mark %s jobs as run worker=%s: %s", len(started), self.owner, exc)
+            connection.close()
 
     def _await_renewal(self, cell, job_id):
         deadline = time.monotonic() + 2 * self.options.heartbeat + 1
@@ -381,6 +392,7 @@ class Loop:
             # hands the jobs out again: at-least-once.
             log.exception("could not acknowledge %s jobs worker=%s", len(acks), self.owner)
             connection.close()
+            self._mark_ran({a[0]: a[1] for a in acks})
             return
         execution.acknowledged([(a[5], a[2]) for a in acks], completed, now, worker_id=self.owner)
 

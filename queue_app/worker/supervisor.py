@@ -502,9 +502,17 @@ class Supervisor:
             held = child.slots.held()
             in_hand += len(held)
             if held:
+                # What has reached its handler (running, or done and awaiting its
+                # acknowledgement), for recovery to tell from what never started.
+                started = dict(child.slots.unacked())
+                started.update((job_id, attempt) for job_id, attempt, _, _ in child.slots.running())
                 asked = time.monotonic()
                 renewed = self._guard(
-                    transitions.renew, list(held), worker_id=child.owner, lease_seconds=self.options.lease
+                    transitions.renew,
+                    list(held),
+                    worker_id=child.owner,
+                    lease_seconds=self.options.lease,
+                    started=started,
                 )
                 if renewed is not None:
                     child.slots.leases_hold_until(asked + self.options.lease)

@@ -60,7 +60,8 @@ def test_batched_acks_chain_each_completed_job():
 
 def test_a_lease_recovered_into_the_dead_letter_queue_runs_the_failure_template():
     parent = enqueue("sleepy", max_attempts=1, on_failure={"kind": "echo"})
-    transitions.claim("w1", limit=1, lease_seconds=1)
+    [job] = transitions.claim("w1", limit=1, lease_seconds=1)
+    transitions.mark_started({job.id: 1}, worker_id="w1")  # it ran: a lease renewal saw it
     transitions.recover(now=timezone.now() + timedelta(seconds=5))
     child = Job.objects.get(parent_id=parent.id)
     assert child.payload["parent"]["error"]["type"] == "LeaseExpired"

@@ -9,7 +9,7 @@ from queue_app.core import aborting, transitions
 from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound
 from queue_app.models import DeadLetter, Event, EventType, Job, State
 from tests.factories import JobFactory
-from tests.support import events, last_event
+from tests.support import events, lapse, last_event
 
 pytestmark = pytest.mark.django_db
 
@@ -171,10 +171,82 @@ def test_recover_dead_letters_when_no_attempts_are_left():
     assert [e.type for e in events(job)] == ["recovered"]
 
 
+def test_recover_gives_back_the_attempt_of_a_job_never_seen_started_even_its_last():
+    # Claimed, then lost with its whole worker before it started: the row never showed
+    # the attempt running, so it is not spent (not even a max_attempts=1 job's only one).
+    job = JobFactory(expired=True, attempts=1, max_attempts=1, started_attempt=None)
+
+    assert transitions.recover() == [(job.id, State.PENDING)]
+
+    job.refresh_from_db()
+    assert (job.state, job.attempts, job.returned_attempts, job.lease_owner) == ("pending", 0, 1, None)
+    event = last_event(job)
+    assert (event.type, event.to_state, event.attempt) == ("recovered", "pending", 1)
+    assert event.metadata["attempt_returned"] is True
+    assert "never seen started" in event.message
+    assert not DeadLetter.objects.filter(job=job).exists()
+
+
+def test_recover_spends_the_attempt_an_earlier_renewal_saw_running():
+    job = JobFactory(expired=True, attempts=2, max_attempts=2, started_attempt=1)
+    transitions.renew([job.id], worker_id="worker-1", lease_seconds=-1, started={job.id: 2})
+
+    assert transitions.recover() == [(job.id, State.DEAD_LETTER)]
+    job.refresh_from_db()
+    assert (job.attempts, job.started_attempt, job.returned_attempts) == (2, 2, None)
+    assert "attempt_returned" not in last_event(job).metadata
+
+
+def test_recover_gives_an_attempt_back_at_most_recovery_returns_times(settings):
+    # A job that kills its whole worker as soon as it starts looks unstarted every time:
+    # the bound makes it spend its attempts after RECOVERY_RETURNS give-backs.
+    settings.JOBQUEUE = {"RECOVERY_RETURNS": 2}
+    job = JobFactory(expired=True, attempts=1, max_attempts=1, started_attempt=None)
+    outcomes = []
+    for _ in range(3):
+        Job.objects.filter(id=job.id).update(
+            state=State.LEASED,
+            attempts=1,
+            lease_owner="worker-1",
+            lease_expires_at=timezone.now() - timedelta(seconds=1),
+        )
+        outcomes += [to for _, to in transitions.recover()]
+
+    assert outcomes == [State.PENDING, State.PENDING, State.DEAD_LETTER]
+    job.refresh_from_db()
+    assert (job.state, job.returned_attempts) == (State.DEAD_LETTER, 2)
+
+
+def test_renew_marks_only_the_running_attempt_of_a_job_this_worker_holds():
+    mine = JobFactory(leased=True, lease_owner="w1", attempts=3, started_attempt=2)
+    stale = JobFactory(leased=True, lease_owner="w1", attempts=3, started_attempt=2)
+    theirs = JobFactory(leased=True, lease_owner="w2", attempts=1, started_attempt=None)
+
+    transitions.renew(
+        [mine.id, stale.id, theirs.id],
+        worker_id="w1",
+        lease_seconds=60,
+        started={mine.id: 3, stale.id: 2, theirs.id: 1},
+    )
+
+    marked = dict(Job.objects.values_list("id", "started_attempt"))
+    assert marked == {mine.id: 3, stale.id: 2, theirs.id: None}
+
+
+def test_mark_started_notes_a_given_up_jobs_attempt_for_recovery_to_spend():
+    job = JobFactory(expired=True, attempts=1, max_attempts=2, started_attempt=None)
+
+    transitions.mark_started({job.id: 1}, worker_id="worker-1")
+
+    assert transitions.recover() == [(job.id, State.PENDING)]
+    job.refresh_from_db()
+    assert (job.attempts, job.returned_attempts) == (1, None)
+
+
 def test_stale_worker_cannot_complete_after_its_lease_was_recovered(enqueue_job):
     enqueue_job("echo", {})
     job = claim_one("w1", lease_seconds=30)
-    Job.objects.filter(id=job.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    lapse(job)
     transitions.recover()
     again = claim_one("w2")
     assert again.id == job.id and again.attempts == 2
@@ -190,7 +262,7 @@ def test_stale_worker_cannot_complete_after_its_lease_was_recovered(enqueue_job)
 def test_same_worker_reclaiming_cannot_settle_with_the_old_attempt_number(enqueue_job):
     enqueue_job("echo", {})
     job = claim_one("w1")
-    Job.objects.filter(id=job.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    lapse(job)
     transitions.recover()
     claim_one("w1")  # same worker id, attempt 2: the attempt number is the fencing token
     assert transitions.complete(job.id, worker_id="w1", attempt=1) is False

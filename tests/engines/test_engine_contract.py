@@ -19,7 +19,7 @@ from queue_app.models import Event, EventType, Job, State
 from queue_app.worker import wakeup
 from queue_app.worker.slots import WakeUps
 from tests.factories import JobFactory
-from tests.support import event_types, events
+from tests.support import event_types, events, lapse
 
 
 def engine():
@@ -209,7 +209,7 @@ def test_complete_plain_leaves_a_job_with_a_follow_up_to_the_long_way():
 def _stale(how):
     """A job leased to w1 at attempt 2, and the (owner, attempt) a stale write names."""
     job = leased_job()
-    Job.objects.filter(id=job.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    lapse(job)
     transitions.recover()
     (job,) = transitions.claim("w1")  # re-claimed, by the same worker
     assert job.attempts == 2

@@ -87,6 +87,7 @@ def test_a_released_claim_is_not_counted_as_an_attempt():
 def test_a_lapsed_lease_shows_as_a_lease_expired_error():
     result = tasks.add.enqueue(1, 2)
     transitions.claim("dead-worker", lease_seconds=1)
+    transitions.mark_started({int(result.id): 1}, worker_id="dead-worker")  # a renewal saw it run
     later = timezone.now() + timedelta(seconds=5)
     transitions.recover(now=later)
     result.refresh()
@@ -95,6 +96,18 @@ def test_a_lapsed_lease_shows_as_a_lease_expired_error():
     assert error.exception_class is LeaseExpired
     assert "lease held by dead-worker expired" in error.traceback
     assert run_one(worker_id=WORKER, now=later).result == 3
+
+
+def test_an_attempt_recovery_gave_back_unstarted_is_no_attempt_in_the_result():
+    result = tasks.add.enqueue(1, 2)
+    transitions.claim("dead-worker", lease_seconds=1)  # and its worker died before starting it
+    later = timezone.now() + timedelta(seconds=5)
+    transitions.recover(now=later)
+    result.refresh()
+    assert (result.status, result.errors, result.worker_ids) == (TaskResultStatus.READY, [], [])
+    assert run_one(worker_id=WORKER, now=later).result == 3
+    result.refresh()
+    assert (result.status, result.errors, result.worker_ids) == (TaskResultStatus.SUCCESSFUL, [], [WORKER])
 
 
 def test_a_cancelled_task_is_failed():
@@ -606,8 +619,11 @@ def test_the_supervisor_sends_task_finished_for_a_task_killed_for_its_timeout_or
 
 @task(takes_context=True)
 def loses_its_lease(context):
-    """Has its lease taken back while it runs, as recovery does to a worker that stalled."""
-    transitions.recover(owned_by=context.task_result.worker_ids[-1])
+    """Has its lease taken back while it runs, as recovery does to a worker that stalled
+    (seen running by a lease renewal first, as a job that stalls for a lease is)."""
+    owner = context.task_result.worker_ids[-1]
+    transitions.mark_started({int(context.task_result.id): context.attempt}, worker_id=owner)
+    transitions.recover(owned_by=owner)
     return "too late"
 
 
@@ -691,6 +707,7 @@ def test_the_task_results_a_worker_sends_equal_what_get_result_reads_for_every_h
     # Recovered: its first worker's lease lapsed.
     recovered = tasks.add.using(priority=60).enqueue(1, 2)
     assert [j.id for j in transitions.claim("dead-worker", lease_seconds=0.05)] == [int(recovered.id)]
+    transitions.mark_started({int(recovered.id): 1}, worker_id="dead-worker")  # a renewal saw it run
     # Released: claimed and given back before it started.
     released = tasks.echo.using(priority=50).enqueue("back")
     [job] = transitions.claim("leaving-worker")

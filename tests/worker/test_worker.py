@@ -15,6 +15,7 @@ from queue_app.core import aborting, transitions
 from queue_app.models import DeadLetter, EventType, Job, State, Worker, WorkerState
 from queue_app.worker import loop as worker
 from tests.support import event_types as events
+from tests.support import lapse
 from tests.worker_support import lease_settings, run_worker, start_worker, stop, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -74,7 +75,7 @@ def test_batched_acks_complete_only_the_jobs_this_worker_still_holds():
     claimed = {j.id: j for j in transitions.claim("w/0.1", limit=2)}
     # Its abort is requested, and its lease lapses: recovery cancels it under the worker.
     aborting.cancel(taken.id, reason="operator")
-    Job.objects.filter(id=taken.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    lapse(taken)
     transitions.recover()
 
     done = transitions.complete_many(
@@ -299,6 +300,8 @@ def test_killed_workers_job_is_recovered_and_completed_by_another_worker(tmp_pat
     job = enqueue("stall_once", {"path": str(marker)})
     first = start_worker(lease=1.0)
     wait_for(marker.exists, what="the job to start")
+    # Seen running by a renewal: its recovery spends the attempt (an unstarted one's would not).
+    wait_for(lambda: Job.objects.filter(id=job.id, started_attempt=1).exists(), what="a lease renewal")
 
     stop(first, signal.SIGKILL, within=5)
     job.refresh_from_db()

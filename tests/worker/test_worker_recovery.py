@@ -106,6 +106,8 @@ def test_worker_reusing_a_lost_workers_name_does_not_renew_its_leases(tmp_path):
     job = enqueue("stall_once", {"path": str(marker)}, max_attempts=2)
     first = start_worker(name="same", lease=1.0)
     wait_for(marker.exists, what="the job to start")
+    # Seen running by a renewal: its recovery spends the attempt (an unstarted one's would not).
+    wait_for(lambda: Job.objects.filter(id=job.id, started_attempt=1).exists(), what="a lease renewal")
     # The supervisor dies without a word; its child dies with it (PDEATHSIG).
     stop(first, signal.SIGKILL, within=5)
     Worker.objects.update(last_heartbeat=timezone.now() - timedelta(hours=1))  # shown as lost
@@ -235,3 +237,40 @@ def test_a_child_killed_for_a_timeout_hands_its_waiting_jobs_to_its_replacement_
         {e.worker for e in Event.objects.filter(job_id__in=[j.id for j in rest], type=EventType.COMPLETED)},
     )
     assert len(first) == 1 and len(second) == 1 and first != second  # claimed by one child, run by the next
+
+
+def test_a_whole_worker_killed_spends_the_running_jobs_attempt_and_gives_back_the_unstarted_ones(tmp_path):
+    """kill -9 of the supervisor (its child dies with it): nobody is left to settle or
+    release anything. The running job was seen started by a lease renewal, so recovery
+    spends its attempt; the claimed jobs waiting behind it never were, so each gets its
+    attempt back, even a max_attempts=1 job's only one, and runs once elsewhere."""
+    busy = enqueue("mark", {"path": str(tmp_path / "busy"), "seconds": 60}, priority=9, max_attempts=1)
+    waiting = [enqueue("mark", {"path": str(tmp_path / f"w{n}")}, max_attempts=1) for n in range(4)]
+    # A long lease (no take-back of the waiting jobs for 10 s), frequent renewals.
+    proc = start_worker(name="doomed", lease=30.0, heartbeat=0.1, concurrency=1, threads=1, batch=5)
+    wait_for(
+        lambda: Job.objects.filter(id=busy.id, started_attempt=1).exists(),
+        what="a renewal to see the busy job running",
+    )
+    assert Job.objects.filter(id__in=[j.id for j in waiting], state=State.LEASED).count() == 4
+
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join(10)
+    assert transitions.recover(owned_by="doomed/") != []
+    after = start_worker(name="after", burst=True, batch=1)
+
+    assert join(after, 30) == 0
+    busy.refresh_from_db()
+    assert (busy.state, busy.attempts) == (State.DEAD_LETTER, 1)  # it ran, and had one attempt
+    for job in waiting:
+        job.refresh_from_db()
+        assert (job.state, job.attempts, job.returned_attempts) == (State.COMPLETED, 1, 1)
+        assert (tmp_path / f"w{waiting.index(job)}").read_text().count("\n") == 1
+        assert events(job) == [
+            EventType.ENQUEUED,
+            EventType.CLAIMED,
+            EventType.RECOVERED,
+            EventType.CLAIMED,
+            EventType.COMPLETED,
+        ]
+    assert (tmp_path / "busy").read_text().count("\n") == 1
