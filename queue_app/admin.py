@@ -282,7 +282,13 @@ class JobAdmin(QueueModelAdmin):
             if error:
                 messages.error(request, f"{action.label} refused: {error}. Nothing was changed.")
             return self._action_form(request, queryset, action, matching, value, error)
-        outcome = operations.apply_many(action.name, queryset, value, actor=actor)
+        outcome = operations.apply_many(
+            action.name,
+            queryset,
+            value,
+            actor=actor,
+            may_run_shell=request.user.has_perm(validation.SHELL_PERMISSION),
+        )
         report(request, action, outcome)
         return None
 
@@ -392,7 +398,12 @@ class DeadLetterAdmin(_AppendOnly):
     @admin.action(description="Requeue these dead letters' jobs", permissions=["requeue"])
     def requeue_jobs(self, request, queryset):
         jobs = Job.objects.filter(id__in=queryset.values("job_id"))
-        outcome = operations.apply_many("requeue", jobs, actor=f"admin:{request.user.get_username()}")
+        outcome = operations.apply_many(
+            "requeue",
+            jobs,
+            actor=f"admin:{request.user.get_username()}",
+            may_run_shell=request.user.has_perm(validation.SHELL_PERMISSION),
+        )
         report(request, operations.ACTIONS["requeue"], outcome)
 
     def has_requeue_permission(self, request):

@@ -51,6 +51,9 @@ DEFAULTS = {
     # A string command is split with shlex and run without a shell; True runs it with
     # /bin/sh -c instead (pipes, redirections, $VARS: and whatever else a payload says).
     "SHELL_JOBS_USE_SHELL": False,
+    # The worker's environment variables a shell job's command sees; every other one
+    # (SECRET_KEY, DATABASE_URL, credentials) is left out, and the output is stored.
+    "SHELL_JOBS_ENV": ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "USER", "LOGNAME"),
     # What a handler prints or logs while it runs (and a shell job's output) is kept
     # with the attempt's event: the last this-many bytes of each stream; 0 disables.
     "OUTPUT_MAX_BYTES": 64 * 1024,

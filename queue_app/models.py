@@ -273,6 +273,11 @@ class Job(models.Model):
         ordering = ["-id"]
         # Counts by state, kind and queue (metrics, dashboard) read this index only.
         indexes = [models.Index(fields=["state", "kind", "queue_name"], name="jq_job_state_kind_queue")]
+        # A shell job runs a command of the enqueuer's choosing on a worker: more than
+        # add_job, which every writer has (web/api.py asks for it; API keys: can_run_shell).
+        permissions = [
+            ("enqueue_shell_job", "Can enqueue, edit and requeue shell jobs (commands run on workers)")
+        ]
         constraints = [
             models.CheckConstraint(
                 condition=Q(priority__gte=PRIORITY_MIN) & Q(priority__lte=PRIORITY_MAX),
@@ -524,6 +529,8 @@ class ApiKey(models.Model):
     hashed_key = models.CharField(max_length=64, unique=True)
     # Reads are always allowed to a valid key; writes need this.
     can_write = models.BooleanField(default=True)
+    # Shell jobs (a command run on a worker) need this as well as can_write.
+    can_run_shell = models.BooleanField(default=False)
     created_at = models.DateTimeField(default=timezone.now)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)

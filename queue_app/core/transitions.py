@@ -793,7 +793,6 @@ def recover(*, limit=500, now=None, owned_by=None, owner=None, exclude=(), using
                 to = State.CANCELLED
             elif unstarted:
                 to = State.PENDING
-                error["message"] += "; never seen started: its attempt is given back"
             meta = {"error": error}
             if to == State.PENDING and unstarted:
                 given_back.append(job.id)
@@ -814,7 +813,12 @@ def recover(*, limit=500, now=None, owned_by=None, owner=None, exclude=(), using
                     to_state=to,
                     attempt=job.attempts,
                     worker=job.lease_owner,
-                    message=error["message"],
+                    message=error["message"]
+                    + (
+                        "; never seen started: its attempt is given back"
+                        if "attempt_returned" in meta
+                        else ""
+                    ),
                     metadata=meta,
                 )
             )

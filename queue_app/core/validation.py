@@ -334,6 +334,15 @@ def template(value, field, now):
 WEBHOOK_KIND = "queue_app.webhook"
 
 
+# The built-in kind that runs a command on a worker (worker/shell.py). Refused at
+# enqueue, on every route, where JOBQUEUE["SHELL_JOBS"] is off: a job the workers would
+# refuse must not wait in the queue for the first worker that turns it on.
+SHELL_KIND = "shell"
+# What enqueuing, editing or requeuing one needs beyond add_job / change_job: a shell job
+# runs a command of its enqueuer's choosing on a worker (API keys: ApiKey.can_run_shell).
+SHELL_PERMISSION = "queue_app.enqueue_shell_job"
+
+
 def enqueue_request(kind, payload_value=None, /, now=None, *, reserved_ok=False, **options):
     """Validate enqueue() arguments and return an EnqueueRequest."""
     return request(kind, payload_value, options, now or timezone.now(), reserved_ok=reserved_ok)
@@ -374,6 +383,12 @@ def request(kind, payload_value, options, now, checks=None, *, reserved_ok=False
         if kind == WEBHOOK_KIND and not reserved_ok:
             raise InvalidJob(
                 f"kind {WEBHOOK_KIND!r} is the queue's own: a delivery is made when a job with a webhook_url ends",
+                "kind",
+            )
+        if kind == SHELL_KIND and not settings.SHELL_JOBS:
+            raise InvalidJob(
+                'shell jobs are disabled: set JOBQUEUE["SHELL_JOBS"] = True where jobs are enqueued and '
+                "on the workers that run them (JOBQUEUE_SHELL_JOBS=1 in the example project)",
                 "kind",
             )
         checked.extend(payload_json({} if payload_value is None else payload_value))

@@ -112,30 +112,63 @@ def _run(action, job_id, value, actor, using):
         log.info("deleted id=%s by=%s", job_id, actor)
 
 
-def apply(name, job_id, value=None, *, actor="", using=None):
+# Actions that would run a shell job's command again, or an edited one: they need
+# validation.SHELL_PERMISSION on top of change_job (callers say whether the user has it).
+SHELL_GUARDED = ("requeue", "edit_payload")
+
+
+def _shell_refused(action):
+    return InvalidJob(
+        f"{action.label.lower()} of a shell job needs the {validation.SHELL_PERMISSION} permission", "kind"
+    )
+
+
+def apply(name, job_id, value=None, *, actor="", may_run_shell=True, using=None):
     """Apply one action to one job; raise InvalidJob, InvalidTransition or JobNotFound."""
     action = get(name)
     value = clean(action, value)
-    _run(action, job_id, value, actor, using or router.db_for_write(Job))
+    db = using or router.db_for_write(Job)
+    guarded = name in SHELL_GUARDED and not may_run_shell
+    if guarded and Job.objects.using(db).filter(id=job_id, kind=validation.SHELL_KIND).exists():
+        raise _shell_refused(action)
+    _run(action, job_id, value, actor, db)
 
 
 def _noop(n):
     pass
 
 
-def apply_many(name, queryset, value=None, *, actor="", batch_size=None, seconds=None, progress=_noop):
+def apply_many(
+    name,
+    queryset,
+    value=None,
+    *,
+    actor="",
+    may_run_shell=True,
+    batch_size=None,
+    seconds=None,
+    progress=_noop,
+):
     """Apply an action to every job in ``queryset``, a batch per transaction, until done
     or the time budget is spent (``seconds``, default OPS_ACTION_SECONDS; ``math.inf``
-    for none). Jobs that changed state meanwhile are skipped. ``progress(n)`` is called
+    for none). Jobs that changed state meanwhile are skipped, and so are shell jobs
+    (SHELL_GUARDED) for a caller without ``may_run_shell``. ``progress(n)`` is called
     after each batch with the number of jobs it handled."""
     action = get(name)
     value = clean(action, value)
+    out = Outcome()
+    if name in SHELL_GUARDED and not may_run_shell:
+        shell = queryset.filter(state__in=action.states, kind=validation.SHELL_KIND)
+        out.skipped = shell.count()
+        if out.skipped:
+            out.errors.append(str(_shell_refused(action)))
+        queryset = queryset.exclude(kind=validation.SHELL_KIND)
     batch_size = batch_size or settings.OPS_BATCH_SIZE
     deadline = time.monotonic() + (settings.OPS_ACTION_SECONDS if seconds is None else seconds)
     db = queryset.db
     # Keyset over id: each batch is one index range, however large the match.
     ids_qs = queryset.filter(state__in=action.states).order_by("id").values_list("id", flat=True)
-    out, last = Outcome(), 0
+    last = 0
     while True:
         ids = list(ids_qs.filter(id__gt=last)[:batch_size])
         if not ids:

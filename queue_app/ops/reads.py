@@ -297,6 +297,11 @@ def job_page(filters=None, *, before=None, size=None, now=None):
     return _keyset(qs, before, size or settings.DASHBOARD_PAGE_SIZE)
 
 
+def kind_of(job_id):
+    """The kind of job ``job_id``, or None if there is no such job."""
+    return Job.objects.filter(id=job_id).values_list("kind", flat=True).first()
+
+
 def job_detail(job_id):
     """The job with its whole timeline and dead letters, or None."""
     # Prefetched in the models' own orders (events oldest first, dead letters newest

@@ -31,7 +31,7 @@ from queue_app.models import (
     attach_statuses,
 )
 from queue_app.ops import metrics, reads
-from queue_app.web.auth import Principal, authenticate
+from queue_app.web.auth import SHELL_PERMISSION, Principal, authenticate
 
 MAX_ID = 2**63 - 1
 JobId = Path(..., ge=1, le=MAX_ID, description="The job's id.")
@@ -394,6 +394,31 @@ class Stats(Schema):
     workers: dict[str, int]
 
 
+def _names_shell(kind, options):
+    """Whether a job of ``kind`` with ``options`` is, or enqueues as a follow-up, a shell job."""
+    if kind == validation.SHELL_KIND:
+        return True
+    return any(
+        isinstance(template, dict) and _names_shell(template.get("kind"), template)
+        for template in (options.get("on_success"), options.get("on_failure"))
+    )
+
+
+def _need_shell(request, kind, options):
+    """A shell job runs its command on a worker: enqueuing one (or a follow-up that is one)
+    needs more than add_job."""
+    if _names_shell(kind, options) and not request.auth.can(SHELL_PERMISSION):
+        raise HttpError(
+            403, f"shell jobs need the {SHELL_PERMISSION} permission (or an API key created with --shell)"
+        )
+
+
+def _need_shell_for(request, job_id):
+    kind = reads.kind_of(job_id)
+    if kind is not None:
+        _need_shell(request, kind, {})
+
+
 def _options(job: JobIn):
     data = job.model_dump(exclude_unset=True)
     data.pop("strict", None)
@@ -419,6 +444,7 @@ def create_job(request: HttpRequest, job: JobIn = Body(...)):
     match (409 naming it when ``strict`` is true)."""
     _need(request, "queue_app.add_job")
     kind, payload, options = _options(job)
+    _need_shell(request, kind, options)
     created = enqueueing.enqueue(kind, payload, **options)
     if job.strict and not created.was_created:
         message = f"idempotency_key matches job {created.id} ({created.state}); it was not enqueued again"
@@ -438,6 +464,7 @@ def create_jobs(request: HttpRequest, body: BulkIn):
             kind, payload, options = _options(job)
         except InvalidJob as exc:
             raise InvalidJob(f"job {i}: {exc}", exc.field) from None
+        _need_shell(request, kind, options)
         specs.append({"kind": kind, "payload": payload, **options})
     return Status(201, attach_statuses(enqueueing.bulk_enqueue(specs)))
 
@@ -494,6 +521,7 @@ def cancel_job(request: HttpRequest, job_id: int = JobId):
 def requeue_job(request: HttpRequest, job_id: int = JobId, body: RequeueIn | None = Body(None)):
     """Send a dead-lettered or cancelled job back to pending with a fresh budget."""
     actor = _need(request, "queue_app.change_job")
+    _need_shell_for(request, job_id)  # running its command again, or an edited one
     kwargs = {}
     if body is not None:
         fields = body.model_dump(exclude_unset=True)
@@ -557,6 +585,7 @@ def replay_dead_letter(request: HttpRequest, letter_id: int = Path(..., ge=1, le
     if letter.resolved_at is not None:
         message = f"dead letter {letter_id} was already {letter.resolution or 'resolved'}"
         return Status(409, {"error": message, "field": None})
+    _need_shell_for(request, letter.job_id)
     return transitions.requeue(letter.job_id, actor=actor)
 
 

@@ -12,6 +12,7 @@ from datetime import timedelta
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from queue_app.core.validation import SHELL_PERMISSION
 from queue_app.exceptions import QueueError
 from queue_app.models import ApiKey
 
@@ -42,6 +43,8 @@ class Principal:
     def can(self, perm):
         """True when this caller may perform a write guarded by ``perm``."""
         if self.key is not None:
+            if perm == SHELL_PERMISSION:
+                return self.key.can_write and self.key.can_run_shell
             return self.key.can_write
         if self.user is not None:
             return self.user.has_perm(perm)
@@ -52,8 +55,10 @@ def hash_key(raw):
     return hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def create(name, *, can_write=True):
+def create(name, *, can_write=True, can_run_shell=False):
     """Create a key called ``name``; return (ApiKey, the raw key to show once)."""
+    if can_run_shell and not can_write:
+        raise ApiKeyError("a key that may enqueue shell jobs must be able to write")
     name = (name or "").strip()
     if not name or len(name) > 100:
         raise ApiKeyError("the key name must be 1 to 100 characters")
@@ -62,7 +67,11 @@ def create(name, *, can_write=True):
         # A savepoint: a duplicate name must leave the caller's transaction usable.
         with transaction.atomic():
             key = ApiKey.objects.create(
-                name=name, prefix=raw[: len(PREFIX) + 6], hashed_key=hash_key(raw), can_write=can_write
+                name=name,
+                prefix=raw[: len(PREFIX) + 6],
+                hashed_key=hash_key(raw),
+                can_write=can_write,
+                can_run_shell=can_run_shell,
             )
     except IntegrityError:
         raise ApiKeyError(f"a key named {name!r} already exists") from None

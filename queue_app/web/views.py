@@ -18,6 +18,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from queue_app.conf import settings
+from queue_app.core.validation import SHELL_PERMISSION
 from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound
 from queue_app.ops import actions as operations
 from queue_app.ops import dashboard, reads
@@ -107,7 +108,13 @@ def job_action(request, job_id, action):
         raise PermissionDenied(f"needs queue_app.{chosen.permission}_job")
     value = request.POST.get(chosen.param) if chosen.param else None
     try:
-        operations.apply(action, job_id, value, actor=f"admin:{request.user.get_username()}")
+        operations.apply(
+            action,
+            job_id,
+            value,
+            actor=f"admin:{request.user.get_username()}",
+            may_run_shell=request.user.has_perm(SHELL_PERMISSION),
+        )
     except (InvalidJob, InvalidTransition) as exc:
         messages.error(request, f"{chosen.label} refused: {exc}")
         return redirect("queue_app_dashboard:job", job_id=job_id)

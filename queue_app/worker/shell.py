@@ -10,6 +10,8 @@ cannot smuggle in a second command through quoting. Ask for a shell explicitly i
 command (``sh -c 'echo hi >> log'``), or set ``SHELL_JOBS_USE_SHELL`` to hand every
 string command to ``/bin/sh -c``.
 
+The command sees only the worker's environment variables that ``SHELL_JOBS_ENV`` names
+(PATH, HOME, the locale ...), not its SECRET_KEY, DATABASE_URL or other credentials.
 The command runs with the job's timeout (or ``DEFAULT_TIMEOUT``), a little less in fact,
 so that the command is killed and its output kept before the supervisor kills the whole
 worker process for the overrun. Its stdout and stderr are kept with the attempt (the
@@ -18,6 +20,7 @@ each the last ``OUTPUT_MAX_BYTES``. A non-zero exit fails the attempt with Comma
 whose message carries the exit code and the end of stderr.
 """
 
+import os
 import shlex
 import subprocess
 
@@ -52,6 +55,14 @@ def argv(command, use_shell=None):
     return shlex.split(command), False
 
 
+def environment():
+    """The variables a command runs with: the worker's own, only those SHELL_JOBS_ENV names.
+    Whoever may enqueue a shell job reads what its command prints, and the worker's
+    environment holds its database password and secret key."""
+    allowed = settings.SHELL_JOBS_ENV or ()
+    return {name: os.environ[name] for name in allowed if name in os.environ}
+
+
 def command_timeout(seconds):
     """The subprocess's share of a job timeout: a margin for killing it and keeping its
     output before the supervisor's own deadline passes."""
@@ -83,6 +94,7 @@ def run(payload, job=None):
         done = subprocess.run(
             args,
             shell=use_shell,
+            env=environment(),
             capture_output=True,
             text=True,
             errors="replace",

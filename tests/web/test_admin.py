@@ -301,3 +301,30 @@ def test_worker_admin_shows_heartbeat_age_and_stops_workers(operator):
     assert "2h 0m ago" in text and "lost" in text
     operator.post(url, {"action": "stop", "_selected_action": [worker.id], "index": "0"})
     assert Worker.objects.get(id=worker.id).stop_requested_at is not None
+
+
+def test_editing_or_requeuing_shell_jobs_needs_the_shell_permission(operator):
+    # change_job alone must not let an operator swap a shell job's command and run it.
+    shell = JobFactory(dead=True, kind="shell", payload={"command": "echo hi"})
+    other = JobFactory(dead=True, payload={"n": 1})
+
+    response = confirm(
+        operator, "edit_payload", [shell.id, other.id], payload='{"command": "cat /etc/passwd"}'
+    )
+    assert "needs the queue_app.enqueue_shell_job permission" in response.content.decode()
+    act(operator, "requeue", [shell.id, other.id])
+
+    shell.refresh_from_db()
+    other.refresh_from_db()
+    assert (shell.payload, shell.state) == ({"command": "echo hi"}, State.DEAD_LETTER)
+    assert (other.payload, other.state) == ({"command": "cat /etc/passwd"}, State.PENDING)
+
+
+def test_a_holder_of_the_shell_permission_may_requeue_a_shell_job(client):
+    perms = ["view_job", "change_job", "enqueue_shell_job"]
+    client.force_login(make_staff("root-op", *[f"queue_app.{p}" for p in perms]))
+    shell = JobFactory(dead=True, kind="shell", payload={"command": "echo hi"})
+
+    act(client, "requeue", [shell.id])
+
+    assert Job.objects.get(id=shell.id).state == State.PENDING

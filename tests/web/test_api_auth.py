@@ -174,3 +174,81 @@ def test_pausing_over_the_api_needs_the_pause_permissions_the_admin_asks_for(met
 
     assert refused.status_code == 403 and perm in refused.json()["error"]
     assert allowed.status_code in (200, 201)
+
+
+SHELL = {"kind": "shell", "payload": {"command": "echo hi"}}
+
+
+def post(client, path, body):
+    return client.post(path, json.dumps(body), content_type="application/json")
+
+
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/api/jobs", SHELL),
+        ("/api/jobs/bulk", {"jobs": [{"kind": "echo"}, SHELL]}),
+        ("/api/jobs", {"kind": "echo", "on_success": {"kind": "echo", "on_failure": SHELL}}),
+    ],
+    ids=["enqueue", "bulk", "nested-follow-up"],
+)
+def test_shell_jobs_need_their_own_permission_beyond_writing(settings, path, body):
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "SHELL_JOBS": True}
+    _, writer = api_auth.create("writer")
+    _, runner = api_auth.create("runner", can_run_shell=True)
+
+    refused = [
+        post(Client(headers={"X-API-Key": writer}), path, body),
+        post(staff("add_job"), path, body),
+    ]
+    assert [r.status_code for r in refused] == [403, 403]
+    assert "queue_app.enqueue_shell_job" in refused[0].json()["error"]
+    assert Job.objects.count() == 0
+
+    User.objects.all().delete()
+    allowed = [
+        post(Client(headers={"X-API-Key": runner}), path, body),
+        post(staff("add_job", "enqueue_shell_job"), path, body),
+    ]
+    assert [r.status_code for r in allowed] == [201, 201]
+
+
+def test_requeuing_or_replaying_a_shell_job_needs_the_shell_permission(settings):
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "SHELL_JOBS": True}
+    from queue_app.models import DeadLetter
+
+    job = JobFactory(dead=True, kind="shell", payload={"command": "echo hi"})
+    letter = DeadLetter.objects.create(job=job, kind=job.kind, payload=job.payload, attempts=3)
+    _, writer = api_auth.create("writer")
+    _, runner = api_auth.create("runner", can_run_shell=True)
+    plain, shell = Client(headers={"X-API-Key": writer}), Client(headers={"X-API-Key": runner})
+
+    assert (
+        post(plain, f"/api/jobs/{job.id}/requeue", {"payload": {"command": "cat /etc/passwd"}}).status_code
+        == 403
+    )
+    assert post(plain, f"/api/dead-letters/{letter.id}/replay", {}).status_code == 403
+    assert Job.objects.get(id=job.id).state == "dead_letter"
+    assert post(shell, f"/api/dead-letters/{letter.id}/replay", {}).status_code == 200
+
+
+def test_a_shell_job_is_refused_over_the_api_where_shell_jobs_are_off():
+    _, runner = api_auth.create("runner", can_run_shell=True)
+
+    refused = post(Client(headers={"X-API-Key": runner}), "/api/jobs", SHELL)
+
+    assert refused.status_code == 400
+    assert "shell jobs are disabled" in refused.json()["error"]
+    assert Job.objects.count() == 0
+
+
+def test_apikey_create_shell_makes_a_key_that_may_enqueue_shell_jobs(capsys):
+    call_command("apikey", "create", "ops", "--shell")
+    call_command("apikey", "create", "bot")
+    call_command("apikey", "list")
+
+    listed = capsys.readouterr().out
+    assert {k.name: k.can_run_shell for k in ApiKey.objects.all()} == {"ops": True, "bot": False}
+    assert "read-write+shell" in listed
+    with pytest.raises(CommandError, match="must be able to write"):
+        call_command("apikey", "create", "odd", "--shell", "--read-only")

@@ -388,3 +388,14 @@ def test_overview_stops_counting_history_at_the_cap_but_counts_live_jobs_exactly
     html = response.content.decode()
     assert 'data-count="completed">2+<' in html
     assert 'data-count="dead_letter">3<' in html
+
+
+def test_the_job_page_refuses_to_requeue_a_shell_job_without_the_shell_permission(operator):
+    from tests.factories import JobFactory
+
+    shell = JobFactory(dead=True, kind="shell", payload={"command": "echo hi"})
+
+    response = operator.post(url("job_action", shell.id, "requeue"), follow=True)
+
+    assert "needs the queue_app.enqueue_shell_job permission" in response.content.decode()
+    assert Job.objects.get(id=shell.id).state == State.DEAD_LETTER

@@ -13,6 +13,7 @@ from django.db import connection
 from django.db.models import Count
 
 from queue_app import bulk_enqueue, enqueue
+from queue_app.exceptions import InvalidJob
 from queue_app.handlers import registry
 from queue_app.models import Event, EventType, Job, State, Worker, WorkerState
 from queue_app.worker import shell
@@ -48,10 +49,31 @@ def only_event(job, type_):
 
 
 @pytest.mark.django_db
-def test_shell_job_is_refused_unless_the_setting_turns_it_on(settings):
+@pytest.mark.parametrize(
+    "how",
+    [
+        lambda: enqueue("shell", {"command": "echo hi"}),
+        lambda: bulk_enqueue([{"kind": "echo"}, {"kind": "shell", "payload": {"command": "echo hi"}}]),
+        lambda: enqueue("echo", on_success={"kind": "shell", "payload": {"command": "echo hi"}}),
+    ],
+    ids=["enqueue", "bulk", "follow-up"],
+)
+def test_a_shell_job_is_refused_at_enqueue_where_the_setting_is_off(settings, how):
     settings.JOBQUEUE = lease_settings(SHELL_JOBS=False)
+
+    with pytest.raises(InvalidJob, match="shell jobs are disabled") as refused:
+        how()
+
+    assert refused.value.field in ("kind", "on_success")
+    assert Job.objects.count() == 0 and Event.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_a_worker_with_the_setting_off_refuses_a_shell_job_enqueued_elsewhere(settings):
+    settings.JOBQUEUE = lease_settings(SHELL_JOBS=True)  # where it was enqueued
     registry.register("shell", shell.run)
     job = enqueue("shell", {"command": "echo hi"})
+    settings.JOBQUEUE = lease_settings(SHELL_JOBS=False)  # the worker
 
     run_one()
 
@@ -59,6 +81,22 @@ def test_shell_job_is_refused_unless_the_setting_turns_it_on(settings):
     assert job.state == State.PENDING
     assert job.last_error["type"] == "PermissionError"
     assert "SHELL_JOBS" in job.last_error["message"]
+
+
+@pytest.mark.django_db
+def test_a_command_sees_only_the_allowed_environment_variables(shell_on, monkeypatch):
+    monkeypatch.setenv("DATABASE_URL", "postgres://queue:hunter2@db/jobs")
+    monkeypatch.setenv("SECRET_KEY", "not-for-commands")
+    monkeypatch.setenv("TZ", "Europe/Paris")
+    job = enqueue("shell", {"command": "env"})
+
+    run_one()
+
+    job.refresh_from_db()
+    names = {line.split("=", 1)[0] for line in job.result["stdout"].splitlines()}
+    assert "PATH" in names and "TZ" in names
+    assert not names & {"DATABASE_URL", "SECRET_KEY"}
+    assert "hunter2" not in job.result["stdout"]
 
 
 @pytest.mark.django_db

@@ -308,10 +308,12 @@ class Story:
             f"5. A worker killed mid-job: worker 1 gets SIGKILL while running a 1.5s job (lease {LEASE:g}s)"
         )
         slow = enqueue("slow", {"seconds": 1.5}, queue_name=QUEUE)
+        # Once a lease renewal has seen it running (Job.started_attempt): a job claimed and
+        # never seen started would get its attempt back when recovered.
         self.wait(
-            "the slow job to start", lambda: Job.objects.filter(id=slow.id, state=State.LEASED).exists()
+            "the slow job to start",
+            lambda: Job.objects.filter(id=slow.id, state=State.LEASED, started_attempt=1).exists(),
         )
-        time.sleep(0.3)
         victim = self.workers[0]
         victim.send_signal(signal.SIGKILL)
         victim.wait()
