@@ -169,6 +169,47 @@ def holding(victim, other, timeout=60):
     raise AssertionError(f"{victim} never held a lease while {other} was up")
 
 
+def freeze(pids, tries=100):
+    """SIGSTOP ``pids`` (a worker and its children). On SQLite, at a moment when none of
+    them holds the database's write lock: a process stopped inside a write transaction
+    locks every other worker out until it resumes, so nothing would lapse and nobody could
+    take anything back, and the stall would test SQLite's lock instead of the leases."""
+    import signal
+
+    for _ in range(tries):
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        if not _write_locked():
+            return
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+        time.sleep(0.01)
+    raise AssertionError(f"the database stayed write-locked across {tries} tries")
+
+
+def thaw(pids):
+    import signal
+
+    for pid in pids:
+        os.kill(pid, signal.SIGCONT)
+
+
+def _write_locked():
+    if connection.vendor != "sqlite":
+        return False
+    import sqlite3
+
+    probe = sqlite3.connect(connection.settings_dict["NAME"], timeout=0.05, isolation_level=None)
+    try:
+        probe.execute("BEGIN IMMEDIATE")
+        probe.execute("ROLLBACK")
+        return False
+    except sqlite3.OperationalError:
+        return True
+    finally:
+        probe.close()
+
+
 def expired_recoveries(ids):
     """Recoveries of a lease that lapsed (nobody took the job back sooner)."""
     return Event.objects.filter(

@@ -112,11 +112,9 @@ def test_a_whole_worker_stalled_past_its_lease_then_resumed_loses_nothing_and_it
     try:
         harness.holding("stalled", "steady")  # both up, and the one to stall holds leases
         frozen = [stalled.pid, *harness.children(stalled.pid)]
-        for pid in frozen:
-            os.kill(pid, signal.SIGSTOP)
+        harness.freeze(frozen)
         time.sleep(3)  # three leases
-        for pid in frozen:
-            os.kill(pid, signal.SIGCONT)
+        harness.thaw(frozen)
         connections.close_all()
         took = harness.wait_finished(list(ids.values()))
     finally:
