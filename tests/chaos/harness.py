@@ -14,6 +14,7 @@ Sizes: JOBQUEUE_CHAOS_JOBS (small by default, for CI; `make chaos` sets the full
 import contextlib
 import json
 import os
+import threading
 import time
 from collections import Counter
 
@@ -114,19 +115,50 @@ def worker(name, *extra, database_url=None):
     from tests.worker_support import manage
 
     env = {**TASKS_ENV, **({"DATABASE_URL": database_url} if database_url else {})}
-    return manage(
-        "runworker",
-        "--import",
-        "tests.sample_tasks",
-        "--poll",
-        "50ms",
-        "--concurrency",
-        "2",
-        "--name",
-        name,
-        *extra,
-        extra_env=env,
+    return _drained(
+        manage(
+            "runworker",
+            "--import",
+            "tests.sample_tasks",
+            "--poll",
+            "50ms",
+            "--concurrency",
+            "2",
+            "--name",
+            name,
+            *extra,
+            extra_env=env,
+        )
     )
+
+
+def _drained(proc):
+    """Read ``proc``'s output as it comes, into ``proc.lines``: a worker logs a line per
+    failed attempt, and with nobody reading, a full pipe (64 KiB, some thousand lines)
+    would block it mid-write and stall the scenario. ``communicate()`` then returns the
+    whole output."""
+    proc.lines = []
+    reader = threading.Thread(target=lambda: proc.lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    wait = proc.wait
+
+    def communicate(timeout=None):
+        wait(timeout)
+        reader.join(timeout)
+        return "".join(proc.lines), None
+
+    proc.communicate = communicate
+    return proc
+
+
+def output_until(proc, text, timeout=30):
+    """Wait until a line of a worker()'s output contains ``text``; return the output so far."""
+    end = time.monotonic() + timeout
+    while not any(text in line for line in list(proc.lines)):
+        if time.monotonic() > end or proc.poll() is not None:
+            raise AssertionError(f"no line with {text!r} within {timeout}s; read: {''.join(proc.lines)!r}")
+        time.sleep(0.02)
+    return "".join(proc.lines)
 
 
 def enqueue_marks(task, marker, n, **kwargs):

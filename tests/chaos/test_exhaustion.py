@@ -15,7 +15,7 @@ from django.db import connection, connections
 
 from tests import sample_tasks
 from tests.chaos import harness
-from tests.worker_support import database_url, read_until
+from tests.worker_support import database_url
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -89,7 +89,7 @@ def test_exhausted_connections_at_start_and_mid_drain_cost_no_job_and_no_worker_
     held = hog(SLOTS)
     proc = harness.worker("starved", database_url=url)
     try:
-        before = read_until(proc, "the database refused the start", timeout=60)
+        before = harness.output_until(proc, "the database refused the start", timeout=60)
         time.sleep(1.0)
         assert proc.poll() is None, before  # refused, and still there
         release(held)
@@ -105,9 +105,8 @@ def test_exhausted_connections_at_start_and_mid_drain_cost_no_job_and_no_worker_
     finally:
         release(held)
         proc.send_signal(signal.SIGTERM)
-        rest, _ = proc.communicate(timeout=60)
+        out, _ = proc.communicate(timeout=60)
         admin.close()
-    out = before + rest
 
     result = harness.tally("connections_exhausted", ids, marker, kills=2, after_faults_s=round(took, 1))
     harness.check(result)
