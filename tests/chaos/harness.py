@@ -132,6 +132,15 @@ def worker(name, *extra, database_url=None):
     )
 
 
+def stop_all(procs):
+    """SIGTERM the worker() processes ``procs`` and wait for them; return their outputs."""
+    import signal
+
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+    return [proc.communicate(timeout=60)[0] for proc in procs]
+
+
 def _drained(proc):
     """Read ``proc``'s output as it comes, into ``proc.lines``: a worker logs a line per
     failed attempt, and with nobody reading, a full pipe (64 KiB, some thousand lines)

@@ -118,9 +118,7 @@ def test_a_whole_worker_stalled_past_its_lease_then_resumed_loses_nothing_and_it
         connections.close_all()
         took = harness.wait_finished(list(ids.values()))
     finally:
-        for p in (stalled, other):
-            p.send_signal(signal.SIGTERM)
-        outs = [p.communicate(timeout=60)[0] for p in (stalled, other)]
+        outs = harness.stop_all([stalled, other])
 
     result = harness.tally("stall_past_lease", ids, marker, kills=1, after_faults_s=round(took, 1))
     harness.check(result)
@@ -164,9 +162,7 @@ def test_a_worker_partitioned_from_the_database_past_its_lease_loses_nothing_whe
         connections.close_all()
         took = harness.wait_finished(list(ids.values()))
     finally:
-        for p in (far, near):
-            p.send_signal(signal.SIGTERM)
-        outs = [p.communicate(timeout=60)[0] for p in (far, near)]
+        outs = harness.stop_all([far, near])
         relay.close()
 
     result = harness.tally("network_partition", ids, marker, kills=1, after_faults_s=round(took, 1))

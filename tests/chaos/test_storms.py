@@ -87,9 +87,7 @@ def test_a_timeout_storm_beside_quick_jobs_releases_nothing_and_runs_each_once(t
     try:
         took = harness.wait_finished(list(ids.values()), timeout=180)
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        outs = [p.communicate(timeout=60)[0] for p in procs]
+        outs = harness.stop_all(procs)
 
     released = Event.objects.filter(job_id__in=ids.values(), type=EventType.RELEASED).count()
     result = harness.tally(
@@ -118,9 +116,7 @@ def test_a_retry_storm_runs_each_job_exactly_its_attempts_and_no_more(tmp_path):
     try:
         took = harness.wait_finished(list(ids.values()), timeout=180)
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        outs = [p.communicate(timeout=60)[0] for p in procs]
+        outs = harness.stop_all(procs)
 
     failed = Event.objects.filter(job_id__in=ids.values(), type=EventType.FAILED).count()
     result = harness.tally("retry_storm", ids, marker, kills=0, failed=failed, after_faults_s=round(took, 1))
@@ -159,9 +155,7 @@ def test_a_stuck_kind_in_a_stream_of_quick_jobs_runs_each_once(tmp_path, cap):
             time.sleep(0.02)
         took = harness.wait_finished(list(ids.values()), timeout=180)
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        outs = [p.communicate(timeout=60)[0] for p in procs]
+        outs = harness.stop_all(procs)
 
     quick_ids = [ids[n] for n in range(total) if n not in stuck]
     created = dict(Job.objects.filter(id__in=quick_ids).values_list("id", "created_at"))
