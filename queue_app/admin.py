@@ -23,6 +23,7 @@ from queue_app.exceptions import InvalidJob
 from queue_app.models import (
     STATUSES,
     WORKER_STATUSES,
+    ApiKey,
     DeadLetter,
     Event,
     Job,
@@ -590,3 +591,44 @@ class ScheduleAdmin(QueueModelAdmin):
             return scheduling.next_run(obj)
         except (InvalidJob, ValueError, KeyError):
             return "invalid"
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(QueueModelAdmin):
+    """Keys for the JSON API: seen and revoked here, created with ``manage.py apikey
+    create`` (which shows the raw key once; only its hash is stored, so the admin cannot)."""
+
+    list_display = [
+        "name",
+        "prefix",
+        "scopes_shown",
+        "created_at",
+        "last_used_at",
+        "expires_at",
+        "revoked_at",
+    ]
+    list_filter = [("revoked_at", admin.EmptyFieldListFilter)]
+    search_fields = ["name", "prefix"]
+    readonly_fields = ["name", "prefix", "created_at", "last_used_at", "revoked_at"]
+    fields = [
+        "name",
+        "prefix",
+        "can_write",
+        "can_operate",
+        "can_run_shell",
+        "expires_at",
+        *readonly_fields[2:],
+    ]
+    actions = ["revoke"]
+
+    def has_add_permission(self, request):
+        return False
+
+    @admin.display(description="scopes")
+    def scopes_shown(self, obj):
+        return ", ".join(obj.scopes)
+
+    @admin.action(description="Revoke the selected keys", permissions=["change"])
+    def revoke(self, request, queryset):
+        n = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
+        messages.info(request, f"revoked {n} key(s); they are refused from now on")

@@ -527,10 +527,14 @@ class ApiKey(models.Model):
     # The first characters of the key, to tell keys apart in the admin; not secret.
     prefix = models.CharField(max_length=12)
     hashed_key = models.CharField(max_length=64, unique=True)
-    # Reads are always allowed to a valid key; writes need this.
+    # Its scopes. Reads are always allowed to a live key; enqueuing needs can_write;
+    # cancelling, requeuing, replaying, pausing and resuming need can_operate; shell jobs
+    # (a command run on a worker) need can_run_shell as well.
     can_write = models.BooleanField(default=True)
-    # Shell jobs (a command run on a worker) need this as well as can_write.
+    can_operate = models.BooleanField(default=True)
     can_run_shell = models.BooleanField(default=False)
+    # After this the key is refused, as a revoked one is; empty: it does not expire.
+    expires_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
@@ -540,6 +544,12 @@ class ApiKey(models.Model):
 
     def __str__(self):
         return f"{self.name} ({self.prefix}…)"
+
+    @property
+    def scopes(self):
+        """Its scopes as words: read, write, operate, shell."""
+        flags = (("write", self.can_write), ("operate", self.can_operate), ("shell", self.can_run_shell))
+        return ["read", *(name for name, on in flags if on)]
 
 
 class PauseScope(models.TextChoices):

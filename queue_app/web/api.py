@@ -142,7 +142,8 @@ def _need_view(request, perm):
 
 def _need(request, perm):
     if not request.auth.can(perm):
-        raise HttpError(403, f"this write needs the {perm} permission (or a read-write API key)")
+        scope = "write" if perm == "queue_app.add_job" else "operate"
+        raise HttpError(403, f"this write needs the {perm} permission (or an API key with the {scope} scope)")
     return request.auth.actor
 
 

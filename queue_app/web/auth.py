@@ -17,6 +17,13 @@ from queue_app.exceptions import QueueError
 from queue_app.models import ApiKey
 
 PREFIX = "jq_"
+# The ApiKey flags a key needs for the write a permission guards: enqueuing is "write";
+# every other write (cancel, requeue, replay, pause, resume) is "operate".
+KEY_SCOPES = {
+    "queue_app.add_job": ("can_write",),
+    SHELL_PERMISSION: ("can_write", "can_run_shell"),
+}
+SCOPES = ("read", "write", "operate", "shell")
 # last_used_at is refreshed at most this often, so reads do not write on every call.
 _TOUCH_EVERY = timedelta(minutes=1)
 
@@ -41,11 +48,10 @@ class Principal:
         return True
 
     def can(self, perm):
-        """True when this caller may perform a write guarded by ``perm``."""
+        """True when this caller may perform a write guarded by ``perm``: a user holding
+        it, or a key with the scope it falls under (KEY_SCOPES)."""
         if self.key is not None:
-            if perm == SHELL_PERMISSION:
-                return self.key.can_write and self.key.can_run_shell
-            return self.key.can_write
+            return all(getattr(self.key, flag) for flag in KEY_SCOPES.get(perm, ("can_operate",)))
         if self.user is not None:
             return self.user.has_perm(perm)
         return False
@@ -55,10 +61,16 @@ def hash_key(raw):
     return hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def create(name, *, can_write=True, can_run_shell=False):
-    """Create a key called ``name``; return (ApiKey, the raw key to show once)."""
-    if can_run_shell and not can_write:
+def create(name, *, scopes=("read", "write", "operate"), expires_in=None):
+    """Create a key called ``name`` with ``scopes`` (of SCOPES; reads always), expiring
+    ``expires_in`` seconds from now (None: never); return (ApiKey, the raw key to show once)."""
+    unknown = sorted(set(scopes) - set(SCOPES))
+    if unknown:
+        raise ApiKeyError(f"unknown scope(s) {', '.join(unknown)}; choose from {', '.join(SCOPES)}")
+    if "shell" in scopes and "write" not in scopes:
         raise ApiKeyError("a key that may enqueue shell jobs must be able to write")
+    if expires_in is not None and not expires_in > 0:
+        raise ApiKeyError("a key's expiry must be in the future")
     name = (name or "").strip()
     if not name or len(name) > 100:
         raise ApiKeyError("the key name must be 1 to 100 characters")
@@ -70,8 +82,10 @@ def create(name, *, can_write=True, can_run_shell=False):
                 name=name,
                 prefix=raw[: len(PREFIX) + 6],
                 hashed_key=hash_key(raw),
-                can_write=can_write,
-                can_run_shell=can_run_shell,
+                can_write="write" in scopes,
+                can_operate="operate" in scopes,
+                can_run_shell="shell" in scopes,
+                expires_at=None if expires_in is None else timezone.now() + timedelta(seconds=expires_in),
             )
     except IntegrityError:
         raise ApiKeyError(f"a key named {name!r} already exists") from None
@@ -85,13 +99,13 @@ def revoke(name):
 
 
 def authenticate(raw):
-    """The live ApiKey for a raw key, or None."""
+    """The live ApiKey for a raw key (not revoked, not expired), or None."""
     if not raw or not raw.startswith(PREFIX) or len(raw) > 200:
         return None
     key = ApiKey.objects.filter(hashed_key=hash_key(raw), revoked_at__isnull=True).first()
-    if key is None:
-        return None
     now = timezone.now()
+    if key is None or (key.expires_at is not None and key.expires_at <= now):
+        return None
     if key.last_used_at is None or now - key.last_used_at > _TOUCH_EVERY:
         ApiKey.objects.filter(id=key.id).update(last_used_at=now)
     return key

@@ -46,7 +46,7 @@ def test_a_wrong_or_revoked_key_is_401():
 
 
 def test_a_read_only_key_reads_but_cannot_write():
-    _, raw = api_auth.create("reader", can_write=False)
+    _, raw = api_auth.create("reader", scopes=["read"])
     client = Client(headers={"X-API-Key": raw})
     assert client.get("/api/jobs").status_code == 200
     assert enqueue_with(client).status_code == 403
@@ -195,7 +195,7 @@ def post(client, path, body):
 def test_shell_jobs_need_their_own_permission_beyond_writing(settings, path, body):
     settings.JOBQUEUE = {**settings.JOBQUEUE, "SHELL_JOBS": True}
     _, writer = api_auth.create("writer")
-    _, runner = api_auth.create("runner", can_run_shell=True)
+    _, runner = api_auth.create("runner", scopes=["write", "shell"])
 
     refused = [
         post(Client(headers={"X-API-Key": writer}), path, body),
@@ -220,7 +220,7 @@ def test_requeuing_or_replaying_a_shell_job_needs_the_shell_permission(settings)
     job = JobFactory(dead=True, kind="shell", payload={"command": "echo hi"})
     letter = DeadLetter.objects.create(job=job, kind=job.kind, payload=job.payload, attempts=3)
     _, writer = api_auth.create("writer")
-    _, runner = api_auth.create("runner", can_run_shell=True)
+    _, runner = api_auth.create("runner", scopes=["write", "operate", "shell"])
     plain, shell = Client(headers={"X-API-Key": writer}), Client(headers={"X-API-Key": runner})
 
     assert (
@@ -233,7 +233,7 @@ def test_requeuing_or_replaying_a_shell_job_needs_the_shell_permission(settings)
 
 
 def test_a_shell_job_is_refused_over_the_api_where_shell_jobs_are_off():
-    _, runner = api_auth.create("runner", can_run_shell=True)
+    _, runner = api_auth.create("runner", scopes=["write", "shell"])
 
     refused = post(Client(headers={"X-API-Key": runner}), "/api/jobs", SHELL)
 
@@ -249,6 +249,84 @@ def test_apikey_create_shell_makes_a_key_that_may_enqueue_shell_jobs(capsys):
 
     listed = capsys.readouterr().out
     assert {k.name: k.can_run_shell for k in ApiKey.objects.all()} == {"ops": True, "bot": False}
-    assert "read-write+shell" in listed
+    assert "read,write,operate,shell" in listed
     with pytest.raises(CommandError, match="must be able to write"):
         call_command("apikey", "create", "odd", "--shell", "--read-only")
+
+
+def test_a_keys_scopes_split_enqueuing_from_operating():
+    job = JobFactory()
+    _, enqueuer = api_auth.create("ci", scopes=["read", "write"])
+    _, operator = api_auth.create("ops", scopes=["read", "operate"])
+    ci, ops = Client(headers={"X-API-Key": enqueuer}), Client(headers={"X-API-Key": operator})
+
+    assert enqueue_with(ci).status_code == 201
+    assert ci.delete(f"/api/jobs/{job.id}").status_code == 403
+    assert post(ci, "/api/pauses", {"queue": "default"}).status_code == 403
+    assert enqueue_with(ops).status_code == 403
+    assert ops.delete(f"/api/jobs/{job.id}").status_code == 200
+    assert ops.get("/api/jobs").status_code == 200
+
+
+def test_an_expired_key_is_refused_as_a_revoked_one_is():
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    key, raw = api_auth.create("temp", expires_in=3600)
+    client = Client(headers={"X-API-Key": raw})
+    assert client.get("/api/jobs").status_code == 200
+
+    ApiKey.objects.filter(id=key.id).update(expires_at=timezone.now() - timedelta(seconds=1))
+
+    assert client.get("/api/jobs").status_code == 401
+    assert enqueue_with(client).status_code == 401
+    assert Job.objects.count() == 0
+
+
+def test_apikey_create_takes_scopes_and_an_expiry_and_refuses_bad_ones(capsys):
+    call_command("apikey", "create", "ci", "--scopes", "read,write", "--expires", "30d")
+    ci = ApiKey.objects.get(name="ci")
+    assert (ci.can_write, ci.can_operate, ci.can_run_shell) == (True, False, False)
+    assert 29 * 86400 < (ci.expires_at - ci.created_at).total_seconds() <= 30 * 86400
+    call_command("apikey", "list")
+    assert "read,write" in capsys.readouterr().out
+
+    for bad, says in [
+        (["--scopes", "read,admin"], "unknown scope"),
+        (["--expires", "soon"], "--expires"),
+        (["--expires", "0"], "in the future"),
+    ]:
+        with pytest.raises(CommandError, match=says):
+            call_command("apikey", "create", "bad", *bad)
+    assert not ApiKey.objects.filter(name="bad").exists()
+
+
+def test_the_scopes_migration_keeps_read_only_keys_from_operating():
+    from importlib import import_module
+
+    from django.apps import apps
+
+    ApiKey.objects.create(name="old-reader", prefix="jq_x", hashed_key="a" * 64, can_write=False)
+    ApiKey.objects.create(name="old-writer", prefix="jq_y", hashed_key="b" * 64, can_write=True)
+
+    import_module("queue_app.migrations.0015_apikey_scopes_expiry").read_only_keys_stay_read_only(apps, None)
+
+    assert dict(ApiKey.objects.values_list("name", "can_operate")) == {
+        "old-reader": False,
+        "old-writer": True,
+    }
+
+
+def test_the_admin_lists_keys_with_their_scopes_and_revokes_them(admin_client):
+    key, raw = api_auth.create("ops", scopes=["read", "operate"])
+    page = admin_client.get("/admin/queue_app/apikey/")
+    assert page.status_code == 200 and "read, operate" in page.content.decode()
+    assert admin_client.get("/admin/queue_app/apikey/add/").status_code == 403
+
+    admin_client.post(
+        "/admin/queue_app/apikey/", {"action": "revoke", "_selected_action": [str(key.id)]}, follow=True
+    )
+
+    assert ApiKey.objects.get(id=key.id).revoked_at is not None
+    assert Client(headers={"X-API-Key": raw}).get("/api/jobs").status_code == 401

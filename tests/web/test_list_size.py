@@ -32,7 +32,7 @@ def big_jobs(settings):
 
 @pytest.fixture
 def api():
-    _, raw = api_auth.create("reader", can_write=False)
+    _, raw = api_auth.create("reader", scopes=["read"])
     return Client(headers={"X-API-Key": raw})
 
 
