@@ -11,6 +11,10 @@ def __getattr__(name):
         from queue_app.handlers.context import current_job
 
         return current_job
+    if name == "Snooze":
+        from queue_app.exceptions import Snooze
+
+        return Snooze
     if name == "handler":
         from queue_app.handlers.registry import handler
 

@@ -76,6 +76,8 @@ DEFAULTS = {
     "POLL_INTERVAL": 1.0,
     # Seconds between lease renewals and registry heartbeats; None means LEASE_SECONDS / 3.
     "HEARTBEAT_INTERVAL": None,
+    # Times a job may snooze (its handler raises Snooze) before a snooze fails its attempt.
+    "MAX_SNOOZES": 100,
     # Seconds between sweeps for expired leases (one also runs at start-up).
     "RECOVERY_INTERVAL": 15.0,
     # Times recovery may give a job its attempt back because its row never showed the

@@ -44,6 +44,25 @@ class UnstorableResult(QueueError):
         self.error = error
 
 
+class Snooze(Exception):
+    """Raised by a handler or task: "not now, run me again in ``seconds``". The job goes
+    back to pending with its run_at that much later and its attempt not spent (a
+    `snoozed` event), at most MAX_SNOOZES times; past that the attempt fails."""
+
+    def __init__(self, seconds):
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds < 10**9:
+            raise ValueError(f"Snooze takes a number of seconds from 0, got {seconds!r}")
+        self.seconds = float(seconds)
+        super().__init__(f"snoozed for {self.seconds:g}s")
+
+
+class TooManySnoozes(QueueError):
+    """A job snoozed more than MAX_SNOOZES times: its last snooze fails the attempt."""
+
+    def __init__(self, limit):
+        super().__init__(f"snoozed {limit} times already (MAX_SNOOZES): this snooze fails the attempt")
+
+
 class NotStarted(QueueError):
     """A claimed job's attempt could not get as far as its handler: the database went
     away while the worker prepared it (a Task job's history read). Nothing of the

@@ -72,6 +72,9 @@ class EventType(models.TextChoices):
     PAYLOAD_CHANGED = "payload_changed"
     # A worker gave back a claimed job it did not start (shutdown); no attempt consumed.
     RELEASED = "released"
+    # Its handler asked to run later (raised Snooze): back to pending at a later run_at,
+    # the attempt not consumed; metadata holds the delay and the job's snooze count.
+    SNOOZED = "snoozed"
     # An operator asked a running job to stop (cancel_requested_at set); it stays leased
     # until its handler returns or, after the abort grace, its process is killed.
     ABORT_REQUESTED = "abort_requested"

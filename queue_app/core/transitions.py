@@ -666,6 +666,48 @@ def release(job_id, *, worker_id, attempt, using=None):
     return True
 
 
+def snooze(job_id, *, worker_id, attempt, seconds, output=None, using=None):
+    """Send a job whose handler raised Snooze back to pending, ``seconds`` from now, with
+    its attempt not spent. Return the number of times it has snoozed, or None if the
+    lease was lost. A job that has snoozed MAX_SNOOZES times already is left leased and
+    0 returned: the caller fails the attempt instead."""
+    db = _db(using)
+    now = timezone.now()
+    with transaction.atomic(using=db):
+        held = _held(db, worker_id, [(job_id, attempt)]).filter(cancel_requested_at__isnull=True)
+        if not held.exists():
+            if _held(db, worker_id, [(job_id, attempt)]).exists():
+                # Its abort was asked for: snoozing would run it again.
+                abort(job_id, worker_id=worker_id, attempt=attempt, how="snoozed", using=db)
+                return None
+            _lost(job_id, worker_id, attempt, "snooze")
+            return None
+        count = Event.objects.using(db).filter(job_id=job_id, type=EventType.SNOOZED).count() + 1
+        if count > settings.MAX_SNOOZES:
+            return 0
+        run_at = now + timedelta(seconds=seconds)
+        held.update(
+            state=State.PENDING, attempts=attempt - 1, run_at=run_at, lease_owner=None, lease_expires_at=None
+        )
+        _event(
+            job_id,
+            EventType.SNOOZED,
+            now,
+            from_state=State.LEASED,
+            to_state=State.PENDING,
+            attempt=attempt,
+            worker=worker_id,
+            message=f"snoozed for {seconds:g}s (snooze {count} of at most {settings.MAX_SNOOZES})",
+            metadata={
+                "seconds": seconds,
+                "run_at": run_at.isoformat(),
+                "snoozes": count,
+                **({"output": output} if output else {}),
+            },
+        ).save(using=db)
+    return count
+
+
 def release_orphans(worker_id, *, keep, using=None):
     """Give back every job leased to ``worker_id`` (one exact owner) that is not in
     ``keep`` (the ids that owner knows it holds); return their ids.

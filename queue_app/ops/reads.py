@@ -500,6 +500,7 @@ def history(job_id):
             EventType.DEAD_LETTERED,
             EventType.RECOVERED,
             EventType.RELEASED,
+            EventType.SNOOZED,
             EventType.CANCELLED,
         ):
             current["finished_at"] = e.at

@@ -31,7 +31,7 @@ STATUS = {
     State.CANCELLED: TaskResultStatus.FAILED,
 }
 ERROR_EVENTS = (EventType.FAILED, EventType.DEAD_LETTERED, EventType.RECOVERED)
-HISTORY_EVENTS = (EventType.CLAIMED, EventType.RELEASED, *ERROR_EVENTS)
+HISTORY_EVENTS = (EventType.CLAIMED, EventType.RELEASED, EventType.SNOOZED, *ERROR_EVENTS)
 
 
 class LeaseExpired(Exception):
@@ -144,8 +144,9 @@ def from_job(job, task, alias, events=None):
         if event.type == EventType.CLAIMED:
             worker_ids.append(event.worker)
             attempted.append(event.at)
-        elif (event.type == EventType.RELEASED or _returned(event)) and worker_ids:
-            # Given back before it started (by its worker, or by recovery): not an attempt.
+        elif (event.type in (EventType.RELEASED, EventType.SNOOZED) or _returned(event)) and worker_ids:
+            # Given back before it started (by its worker, or by recovery), or snoozed by
+            # its function: not an attempt.
             worker_ids.pop()
             attempted.pop()
         elif event.type in ERROR_EVENTS:

@@ -14,8 +14,9 @@ import uuid
 
 from django.utils import timezone
 
+from queue_app.conf import settings
 from queue_app.core import events, transitions, validation
-from queue_app.exceptions import NotStarted, UnknownKind, UnstorableResult
+from queue_app.exceptions import NotStarted, Snooze, TooManySnoozes, UnknownKind, UnstorableResult
 from queue_app.handlers import context as running
 from queue_app.handlers import registry
 from queue_app.tasks import running as task_running
@@ -117,6 +118,18 @@ def settle_failure(job, worker_id, exc, output, *, using=None):
     here for a django.tasks job, and Django's logger wants exc_info."""
     if isinstance(exc, running.Aborted):
         return _settled(job, aborted(job, worker_id, exc, using=using), using)
+    if isinstance(exc, Snooze):
+        snoozes = transitions.snooze(
+            job.id,
+            worker_id=worker_id,
+            attempt=job.attempts,
+            seconds=exc.seconds,
+            output=output.value(),
+            using=using,
+        )
+        if snoozes != 0:  # 0: past MAX_SNOOZES, and the attempt fails
+            return _settled(job, "pending" if snoozes else None, using)
+        exc = TooManySnoozes(settings.MAX_SNOOZES)
     error, retry = failure(job, exc)
     state = transitions.fail(
         job.id,
