@@ -160,7 +160,8 @@ def test_a_dead_childs_unrecorded_claims_are_taken_back_at_once_not_after_their_
     marker = tmp_path / "running"
     busy = enqueue("mark", {"path": str(marker), "seconds": 60}, max_attempts=2)
     proc = start_worker(lease=30.0, concurrency=1, threads=1, batch=1)
-    wait_for(marker.exists, what="the child to start its job")
+    # Its pid written, not only the file opened: the child may be between the two.
+    wait_for(lambda: marker.exists() and marker.read_text().strip(), what="the child to start its job")
     child_pid = int(marker.read_text().split()[0])
     owner = Job.objects.get(id=busy.id).lease_owner
     # A claim the child committed but had not yet recorded in shared memory when it died.
