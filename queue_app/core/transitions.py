@@ -698,12 +698,9 @@ def snooze(job_id, *, worker_id, attempt, seconds, output=None, using=None):
             attempt=attempt,
             worker=worker_id,
             message=f"snoozed for {seconds:g}s (snooze {count} of at most {settings.MAX_SNOOZES})",
-            metadata={
-                "seconds": seconds,
-                "run_at": run_at.isoformat(),
-                "snoozes": count,
-                **({"output": output} if output else {}),
-            },
+            metadata=_with_output(
+                {"seconds": seconds, "run_at": run_at.isoformat(), "snoozes": count}, output
+            ),
         ).save(using=db)
     return count
 
