@@ -39,6 +39,8 @@ from queue_app.worker import capture
 from queue_app.worker import schedules as scheduling
 
 MATCHING = "_matching"
+# Query parameters of the change list that order or page it without narrowing it.
+UNFILTERING = {"o", "p", "_changelist_filters"}
 
 try:
     from django.contrib.admin.options import ActionLocation
@@ -271,7 +273,9 @@ class JobAdmin(QueueModelAdmin):
 
     def run_action(self, request, queryset, action, matching):
         actor = f"admin:{request.user.get_username()}"
-        needs_form = action.param is not None or action.name == "delete"
+        # Every action over a whole filter stops at a page with its count first: one
+        # click with no filter set used to cancel every live job.
+        needs_form = action.param is not None or action.name == "delete" or matching
         value = request.POST.get(action.param) if action.param else None
         error = None
         if needs_form and request.POST.get("confirm") == "yes":
@@ -309,6 +313,7 @@ class JobAdmin(QueueModelAdmin):
             "selected": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
             "count": count,
             "capped": count > cap,
+            "unfiltered": matching and not any(k not in UNFILTERING for k in request.GET),
             "value": "" if value is None else value,
             "error": error,
         }

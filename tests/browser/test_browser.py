@@ -180,6 +180,10 @@ def test_bulk_cancel_by_filter_in_the_admin(page, settings):
     page.goto("/admin/queue_app/job/?kind=bulk")
     page.select_option('select[name="action"]', "cancel_matching")
     page.click('button[name="index"]')
+    page.wait_for_selector('input[name="confirm"]', state="attached")
+    assert "that can take it: 7 jobs" in page.inner_text("#content")
+    assert Job.objects.filter(state=State.CANCELLED).count() == 0
+    page.click('input[type="submit"]')
     page.wait_for_selector(".messagelist")
     assert "Cancel: 7 jobs done." in page.inner_text(".messagelist")
     shot(page, "admin-bulk-cancel")

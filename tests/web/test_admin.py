@@ -181,11 +181,28 @@ def test_cancel_every_job_matching_the_filter_reaches_past_the_page(operator, se
     settings.JOBQUEUE = {**settings.JOBQUEUE, "OPS_BATCH_SIZE": 2}
     matching = JobFactory.create_batch(5, kind="email")
     other = JobFactory(kind="report")
-    response = act(operator, "cancel_matching", [], query="?kind=email")
+    form = act(operator, "cancel_matching", [], query="?kind=email")
+    assert "that can take it: 5 jobs" in form.content.decode()
+    assert "No filter or search is set" not in form.content.decode()
+    assert not Event.objects.filter(type="cancelled").exists()  # nothing until confirmed
+    response = confirm(operator, "cancel_matching", [], query="?kind=email")
     assert "Cancel: 5 jobs done." in response.content.decode()
     assert all(Job.objects.get(id=j.id).state == State.CANCELLED for j in matching)
     assert Event.objects.filter(type="cancelled").count() == 5
     assert Job.objects.get(id=other.id).state == State.PENDING
+
+
+@pytest.mark.parametrize("action", ["cancel_matching", "requeue_matching", "retry_now_matching"])
+def test_an_action_over_the_whole_table_asks_first_and_says_no_filter_is_set(operator, action):
+    JobFactory.create_batch(3, kind="email")
+    JobFactory(dead=True)
+    before = Event.objects.count()
+    form = act(operator, action, [])
+    assert form.status_code == 200
+    assert "No filter or search is set" in form.content.decode()
+    assert 'name="confirm" value="yes"' in form.content.decode()
+    assert Event.objects.count() == before
+    assert Job.objects.filter(state=State.CANCELLED).count() == 0
 
 
 def test_change_priority_asks_for_the_value_then_writes_events(operator):
