@@ -130,6 +130,15 @@ def overview(now=None):
     }
 
 
+def queues(now=None):
+    """The queues page's rows: reads.queues() with, for each row, what its Pause/Resume
+    buttons act on: (scope, name, paused now) for its queue and its kind."""
+    rows = reads.queues(now)
+    for r in rows:
+        r["pause_targets"] = [("queue", r["queue"], r["queue_paused"]), ("kind", r["kind"], r["kind_paused"])]
+    return rows
+
+
 def workers(now=None):
     """The workers page's rows: each worker, its status and its heartbeat's age."""
     now = now or timezone.now()

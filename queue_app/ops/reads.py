@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.core.paginator import Paginator
-from django.db.models import Count, Min, Q, Sum, TextField
+from django.db.models import Avg, Count, DurationField, ExpressionWrapper, F, Min, Q, Sum, TextField
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast, Length, Substr, TruncMinute
 from django.utils import timezone
@@ -25,8 +25,11 @@ from queue_app.exceptions import InvalidJob, JobNotFound
 from queue_app.models import (
     LATE,
     LOST,
+    PAUSED,
     PENDING_STATUSES,
     READY,
+    RETRYING,
+    SCHEDULED,
     STATUSES,
     WORKER_STATUSES,
     DeadLetter,
@@ -168,23 +171,62 @@ def pauses():
     return out
 
 
-def queues():
-    """Live jobs (pending, leased, dead) per queue and kind; finished ones are history."""
-    live = [State.PENDING, State.LEASED, State.DEAD_LETTER]
+def queues(now=None):
+    """Per queue and kind: live jobs by status (ready, later: scheduled or retrying,
+    paused, leased, dead letter), the oldest ready job's run_at (a paused queue's jobs are
+    held, not waiting, so never counted there), whether its queue or kind is paused, and
+    the last hour's completed and failed attempts with the completed ones' mean run time."""
+    now = now or timezone.now()
     table = {}
-    rows = (
-        Job.objects.filter(state__in=live)
+
+    def row(queue, kind):
+        return table.setdefault(
+            (queue, kind),
+            {
+                "queue": queue,
+                "kind": kind,
+                **dict.fromkeys(("ready", "later", "paused", "leased", "deadletter"), 0),
+                **dict.fromkeys(("completed_hour", "failed_hour"), 0),
+                "oldest": None,
+                "mean_run": None,
+            },
+        )
+
+    live = (
+        Job.objects.filter(state__in=[State.PENDING, State.LEASED, State.DEAD_LETTER])
         .order_by()
-        .values("queue_name", "kind", "state")
-        .annotate(n=Count("id"))
+        .values("queue_name", "kind")
+        .annotate(
+            ready=Count("id", filter=status_q(READY, now)),
+            later=Count("id", filter=status_q(SCHEDULED, now) | status_q(RETRYING, now)),
+            paused=Count("id", filter=status_q(PAUSED, now)),
+            leased=Count("id", filter=Q(state=State.LEASED)),
+            deadletter=Count("id", filter=Q(state=State.DEAD_LETTER)),
+            oldest=Min("run_at", filter=status_q(READY, now)),
+        )
     )
-    for row in rows:
-        key = (row["queue_name"], row["kind"])
-        table.setdefault(key, dict.fromkeys(live, 0))[row["state"]] = row["n"]
-    return [
-        {"queue": q, "kind": k, **{s.replace("_", ""): n for s, n in counts.items()}}
-        for (q, k), counts in sorted(table.items())
-    ]
+    for r in live:
+        row(r.pop("queue_name"), r.pop("kind")).update(r)
+    ran = ExpressionWrapper(F("job__finished_at") - F("job__started_at"), output_field=DurationField())
+    completed = Q(type=EventType.COMPLETED)
+    hour = (
+        Event.objects.filter(type__in=[EventType.COMPLETED, *FAILURE_EVENTS], at__gt=now - timedelta(hours=1))
+        .order_by()
+        .values("job__queue_name", "job__kind")
+        .annotate(
+            completed_hour=Count("id", filter=completed),
+            failed_hour=Count("id", filter=~completed),
+            mean_run=Avg(ran, filter=completed),
+        )
+    )
+    for r in hour:
+        row(r.pop("job__queue_name"), r.pop("job__kind")).update(r)
+    paused = set(Pause.objects.values_list("scope", "name"))
+    for r in table.values():
+        r["queue_paused"] = (PauseScope.QUEUE, r["queue"]) in paused
+        r["kind_paused"] = (PauseScope.KIND, r["kind"]) in paused
+        r["oldest_ready_seconds"] = (now - r["oldest"]).total_seconds() if r["oldest"] else None
+    return [table[key] for key in sorted(table)]
 
 
 def filter_choices(sample=5000):

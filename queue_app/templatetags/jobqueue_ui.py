@@ -2,6 +2,7 @@
 
 from django import template
 
+from queue_app.core import durations
 from queue_app.ops import dashboard
 
 register = template.Library()
@@ -19,6 +20,15 @@ def num(value):
 @register.filter
 def age(value, now=None):
     return dashboard.age(value, now)
+
+
+@register.filter
+def took(value):
+    """A timedelta (or seconds) as 850ms, 12.3s, 4m05s; empty for none."""
+    if value is None or value == "":
+        return ""
+    seconds = value.total_seconds() if hasattr(value, "total_seconds") else float(value)
+    return durations.format(max(0.0, seconds))
 
 
 @register.filter

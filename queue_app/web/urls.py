@@ -13,4 +13,6 @@ urlpatterns = [
     path("workers/", views.workers, name="workers"),
     path("workers/<int:worker_id>/stop/", views.worker_stop, name="worker_stop"),
     path("queues/", views.queues, name="queues"),
+    path("queues/pause/", views.pause, name="pause"),
+    path("queues/resume/", views.resume, name="resume"),
 ]

@@ -18,6 +18,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from queue_app.conf import settings
+from queue_app.core import flow
 from queue_app.core.validation import SHELL_PERMISSION
 from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound
 from queue_app.ops import actions as operations
@@ -150,4 +151,36 @@ def worker_stop(request, worker_id):
 
 @_perm("queue_app.view_job")
 def queues(request):
-    return _page(request, "queues.html", {"nav": "queues", "rows": reads.queues()})
+    return _page(request, "queues.html", {"nav": "queues", "rows": dashboard.queues()})
+
+
+def _pause_target(request):
+    """The queue or kind a Pause/Resume button names, as flow.pause/resume take it."""
+    return {scope: request.POST[scope] for scope in ("queue", "kind") if scope in request.POST}
+
+
+@require_POST
+@_perm("queue_app.add_pause")
+def pause(request):
+    try:
+        paused, created = flow.pause(**_pause_target(request), actor=f"admin:{request.user.get_username()}")
+    except InvalidJob as exc:
+        messages.error(request, f"Pause refused: {exc}")
+    else:
+        what = f"{paused.scope} {paused.name}"
+        messages.success(request, f"Paused {what}." if created else f"{what} was already paused.")
+    return redirect("queue_app_dashboard:queues")
+
+
+@require_POST
+@_perm("queue_app.delete_pause")
+def resume(request):
+    target = _pause_target(request)
+    try:
+        resumed = flow.resume(**target)
+    except InvalidJob as exc:
+        messages.error(request, f"Resume refused: {exc}")
+    else:
+        what = " ".join(f"{k} {v}" for k, v in target.items())
+        messages.success(request, f"Resumed {what}." if resumed else f"{what} was not paused.")
+    return redirect("queue_app_dashboard:queues")

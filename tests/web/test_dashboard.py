@@ -17,10 +17,10 @@ from django.test import override_settings
 from django.urls import reverse
 from django.utils import timezone
 
-from queue_app.core import transitions
+from queue_app.core import flow, transitions
 from queue_app.core.enqueueing import enqueue
 from queue_app.management.commands.web import gunicorn_argv, parse_addr
-from queue_app.models import DeadLetter, Event, Job, State, Worker
+from queue_app.models import DeadLetter, Event, Job, Pause, State, Worker
 from queue_app.ops import dashboard, reads
 from queue_app.worker.execution import run_one
 from tests.factories import DeadLetterFactory, JobFactory, make_staff
@@ -267,12 +267,91 @@ def test_viewer_cannot_stop_a_worker(viewer):
     assert Worker.objects.get(id=worker.id).stop_requested_at is None
 
 
-def test_queues_page_counts_live_jobs_per_queue_and_kind(viewer):
-    JobFactory.create_batch(2, queue_name="mail", kind="email")
+def _row(rows, queue, kind):
+    (found,) = [r for r in rows if (r["queue"], r["kind"]) == (queue, kind)]
+    return found
+
+
+COUNTS = ("ready", "later", "paused", "leased", "deadletter", "completed_hour", "failed_hour")
+
+
+def test_queues_page_counts_live_jobs_per_queue_and_kind_by_status(viewer):
+    JobFactory.create_batch(2, queue_name="mail", kind="email", run_at=timezone.now() - timedelta(minutes=5))
+    JobFactory(queue_name="mail", kind="email", run_at=timezone.now() + timedelta(hours=1))
     JobFactory(queue_name="mail", kind="email", dead=True)
     JobFactory(queue_name="default", kind="echo", state=State.COMPLETED)
     rows = viewer.get(url("queues")).context["rows"]
-    assert rows == [{"queue": "mail", "kind": "email", "pending": 2, "leased": 0, "deadletter": 1}]
+    assert [(r["queue"], r["kind"]) for r in rows] == [("mail", "email")]
+    row = rows[0]
+    assert {k: row[k] for k in COUNTS} == {
+        "ready": 2,
+        "later": 1,
+        "paused": 0,
+        "leased": 0,
+        "deadletter": 1,
+        "completed_hour": 0,
+        "failed_hour": 0,
+    }
+    assert 290 < row["oldest_ready_seconds"] < 400
+    assert not row["queue_paused"] and not row["kind_paused"]
+
+
+def test_a_paused_queues_jobs_are_held_not_ready_nor_oldest_on_the_queues_page(viewer):
+    transitions_at = timezone.now() - timedelta(minutes=30)
+    JobFactory.create_batch(3, queue_name="mail", kind="email", run_at=transitions_at)
+    JobFactory(queue_name="default", kind="echo", run_at=timezone.now() - timedelta(seconds=10))
+    flow.pause(queue="mail")
+    response = viewer.get(url("queues"))
+    mail = _row(response.context["rows"], "mail", "email")
+    assert (mail["ready"], mail["paused"], mail["oldest"], mail["queue_paused"]) == (0, 3, None, True)
+    echo = _row(response.context["rows"], "default", "echo")
+    assert (echo["ready"], echo["paused"], echo["queue_paused"]) == (1, 0, False)
+    assert 'data-paused="queue"' in response.content.decode()
+
+
+def test_the_queues_page_shows_the_last_hours_attempts_and_mean_run_time(viewer):
+    enqueue("echo", {"n": 1}, queue_name="fast")
+    run_one(worker_id="w-test")
+    failed_job(kind="boom")
+    rows = viewer.get(url("queues")).context["rows"]
+    fast = _row(rows, "fast", "echo")
+    assert (fast["completed_hour"], fast["failed_hour"], fast["ready"]) == (1, 0, 0)
+    assert fast["mean_run"] is not None and fast["mean_run"] >= timedelta(0)
+    boom = _row(rows, "default", "boom")
+    assert (boom["completed_hour"], boom["failed_hour"], boom["deadletter"]) == (0, 1, 1)
+
+
+def test_pause_and_resume_buttons_pause_and_resume_a_queue_and_a_kind(client):
+    client.force_login(make_staff("pauser", *READ, "queue_app.add_pause", "queue_app.delete_pause"))
+    JobFactory(queue_name="mail", kind="email")
+    page = client.get(url("queues")).content.decode()
+    assert "Pause queue" in page and "Pause kind" in page and "Resume" not in page
+    response = client.post(url("pause"), {"queue": "mail"}, follow=True)
+    assert "Paused queue mail." in response.content.decode()
+    assert Pause.objects.get().actor == "admin:pauser"
+    assert "Resume queue" in response.content.decode()
+    assert Job.objects.paused().count() == 1
+    client.post(url("pause"), {"kind": "email"})
+    assert set(Pause.objects.values_list("scope", "name")) == {("queue", "mail"), ("kind", "email")}
+    response = client.post(url("resume"), {"queue": "mail"}, follow=True)
+    assert "Resumed queue mail." in response.content.decode()
+    assert set(Pause.objects.values_list("scope", "name")) == {("kind", "email")}
+
+
+def test_a_pause_naming_nothing_is_refused_and_writes_nothing(client):
+    client.force_login(make_staff("pauser", *READ, "queue_app.add_pause"))
+    response = client.post(url("pause"), {}, follow=True)
+    assert "Pause refused: name a queue or a kind" in response.content.decode()
+    assert not Pause.objects.exists()
+
+
+def test_pausing_from_the_dashboard_needs_the_pause_permissions(viewer):
+    JobFactory(queue_name="mail", kind="email")
+    flow.pause(kind="email")
+    assert "Pause queue" not in viewer.get(url("queues")).content.decode()
+    assert viewer.post(url("pause"), {"queue": "mail"}).status_code == 403
+    assert viewer.post(url("resume"), {"kind": "email"}).status_code == 403
+    assert set(Pause.objects.values_list("scope", "name")) == {("kind", "email")}
 
 
 def test_capped_paginator_stops_counting_at_the_cap(settings):
