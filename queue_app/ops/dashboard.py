@@ -140,9 +140,24 @@ def queues(now=None):
 
 
 def workers(now=None):
-    """The workers page's rows: each worker, its status and its heartbeat's age."""
+    """The workers page's rows: each worker, its status, its heartbeat's age and the jobs
+    it holds now (each with its child process and how long it has run)."""
     now = now or timezone.now()
+    rows = reads.worker_rows()
+    held = reads.jobs_held_by([w.name for w in rows if w.state != WorkerState.STOPPED])
     return [
-        {"worker": w, "status": w.status, "heartbeat_age": age(w.last_heartbeat, now)}
-        for w in reads.worker_rows()
+        {
+            "worker": w,
+            "status": w.status,
+            "heartbeat_age": age(w.last_heartbeat, now),
+            "held": [
+                {
+                    "job": job,
+                    "child": child,
+                    "running_for": age(job.started_at, now) if job.started_at else "",
+                }
+                for job, child in held.get(w.name, [])
+            ],
+        }
+        for w in rows
     ]

@@ -386,10 +386,29 @@ def dead_letter_page(*, resolved=False, before=None, size=None):
     )
 
 
-def worker_rows(*, include_stopped=True, limit=500, order=("state", "-last_heartbeat")):
+def worker_rows(*, include_stopped=True, limit=500, order=("state", "-last_heartbeat"), ids=None):
     """Registered workers (the rows); each one's ``status`` says whether it is lost."""
     qs = Worker.objects.all() if include_stopped else Worker.objects.alive()
+    if ids is not None:
+        qs = qs.filter(id__in=ids)
     return list(qs.order_by(*order)[:limit])
+
+
+def jobs_held_by(names, *, limit=500):
+    """{worker name: [(job, child)]}: the leased jobs of the workers named, longest
+    running first and the not yet started last, at most ``limit`` in all. A lease owner is ``<name>/<run>/<child>``."""
+    if not names:
+        return {}
+    wanted = Q()
+    for name in names:
+        wanted |= Q(lease_owner__startswith=f"{name}/")
+    out = {}
+    qs = Job.objects.filter(wanted, state=State.LEASED).defer("payload", "result", "last_error")
+    longest_first = sorted(names, key=len, reverse=True)  # a name may hold a "/"
+    for job in qs.order_by(F("started_at").asc(nulls_last=True), "id")[:limit]:
+        name = next(n for n in longest_first if job.lease_owner.startswith(f"{n}/"))
+        out.setdefault(name, []).append((job, job.lease_owner.rpartition("/")[2]))
+    return out
 
 
 # --- the CLI's dicts --------------------------------------------------------------------

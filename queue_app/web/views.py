@@ -15,7 +15,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404
 from django.shortcuts import redirect, render
 from django.urls import reverse
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_http_methods, require_POST
 
 from queue_app.conf import settings
 from queue_app.core import flow
@@ -139,9 +139,15 @@ def workers(request):
     return _page(request, "workers.html", {"nav": "workers", "workers": dashboard.workers()})
 
 
-@require_POST
+@require_http_methods(["GET", "POST"])
 @_perm("queue_app.change_worker")
 def worker_stop(request, worker_id):
+    if request.method == "GET":  # the confirmation page; the POST from it stops
+        worker = reads.worker_rows(include_stopped=False, ids=[worker_id])
+        if not worker:
+            messages.error(request, "That worker is not running.")
+            return redirect("queue_app_dashboard:workers")
+        return _page(request, "worker_stop.html", {"nav": "workers", "worker": worker[0]}, live=False)
     n = operations.request_stop([worker_id])
     messages.success(
         request, "Stop requested." if n else "That worker is not running or was already told to stop."

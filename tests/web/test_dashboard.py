@@ -261,9 +261,43 @@ def test_workers_page_tells_lost_workers_apart_and_stop_asks_them_to_stop(operat
     assert Worker.objects.get(id=lost.id).stop_requested_at is None
 
 
+def test_stop_asks_first_on_a_page_of_its_own_and_changes_nothing_until_confirmed(operator):
+    worker = Worker.objects.create(name="a", host="h", pid=1, jobs_in_hand=2)
+    page = operator.get(url("workers")).content.decode()
+    assert url("worker_stop", worker.id) in page
+    confirm = operator.get(url("worker_stop", worker.id))
+    assert confirm.status_code == 200
+    assert "Stop worker a?" in confirm.content.decode() and "It holds 2 jobs now" in confirm.content.decode()
+    assert Worker.objects.get(id=worker.id).stop_requested_at is None
+    operator.post(url("worker_stop", worker.id))
+    assert Worker.objects.get(id=worker.id).stop_requested_at is not None
+
+
+def test_the_workers_page_lists_each_workers_jobs_in_hand_and_its_kinds(operator):
+    now = timezone.now()
+    Worker.objects.create(name="w1", host="h", pid=1, kinds=["export"], queues=["bulk"])
+    Worker.objects.create(name="w10", host="h", pid=2)
+    running = JobFactory(
+        leased=True, kind="export", lease_owner="w1/tok/c0", started_at=now - timedelta(seconds=90)
+    )
+    claimed = JobFactory(leased=True, kind="export", lease_owner="w1/tok/c1", started_at=None)
+    other = JobFactory(leased=True, kind="echo", lease_owner="w10/tok/c0", started_at=now)
+    JobFactory(state=State.PENDING, kind="export")
+    response = operator.get(url("workers"))
+    held = {
+        row["worker"].name: [(h["job"].id, h["child"]) for h in row["held"]]
+        for row in response.context["workers"]
+    }
+    assert held == {"w1": [(running.id, "c0"), (claimed.id, "c1")], "w10": [(other.id, "c0")]}
+    page = response.content.decode()
+    assert f'data-held="{running.id}"' in page and "running 1m" in page and "not started" in page
+    assert "<td>export</td>" in page
+
+
 def test_viewer_cannot_stop_a_worker(viewer):
     worker = Worker.objects.create(name="a", host="h", pid=1)
     assert viewer.post(url("worker_stop", worker.id)).status_code == 403
+    assert viewer.get(url("worker_stop", worker.id)).status_code == 403
     assert Worker.objects.get(id=worker.id).stop_requested_at is None
 
 
