@@ -189,3 +189,61 @@ def test_bulk_cancel_by_filter_in_the_admin(page, settings):
     shot(page, "admin-bulk-cancel")
     assert Job.objects.filter(kind="bulk", state=State.CANCELLED).count() == 7
     assert Job.objects.get(id=keep.id).state == State.PENDING
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_pause_refresh_button_stops_updates_until_resumed(page):
+    page.wait_for_function("() => Number(document.getElementById('live').dataset.swaps || 0) >= 1")
+    page.click("#live-toggle")
+    assert page.get_attribute("#live-toggle", "aria-pressed") == "true"
+    enqueue("echo", {})
+    page.wait_for_timeout(2500)
+    assert count(page, "pending") == "0"
+    assert "Paused" in page.inner_text("#live-status")
+    page.click("#live-toggle")
+    wait_for_count(page, "pending", "1")
+    assert "UTC" in page.inner_text("#live-status")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_refresh_holds_while_keyboard_focus_is_in_the_list_and_keeps_it_there(page):
+    enqueue("echo", {"n": 1})
+    page.goto("/dashboard/jobs/")
+    page.wait_for_function("() => Number(document.getElementById('live').dataset.swaps || 0) >= 1")
+    page.focus("#live a[href*='/dashboard/jobs/']")
+    focused = page.evaluate("() => document.activeElement.getAttribute('href')")
+    enqueue("echo", {"n": 2})
+    page.wait_for_timeout(2500)
+    # Still the same element, still focused: no swap threw focus back to <body>.
+    assert page.evaluate("() => document.activeElement.getAttribute('href')") == focused
+    assert page.evaluate("() => document.getElementById('live').contains(document.activeElement)")
+    assert "Held while focus is in the list" in page.inner_text("#live-status")
+    page.focus("#live-toggle")
+    page.wait_for_function("() => document.querySelectorAll('#live tbody tr').length >= 2")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    "path", ["/dashboard/", "/dashboard/jobs/", "/dashboard/workers/", "/dashboard/queues/"]
+)
+def test_on_a_phone_the_page_is_no_wider_than_the_screen_and_the_nav_reaches_admin(page, path):
+    for n in range(3):
+        enqueue("a-rather-long-kind-name.that_spills", {"n": n}, queue_name="a-long-queue-name")
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.goto(path)
+    assert page.evaluate("() => document.documentElement.scrollWidth") <= 390
+    admin = page.locator(".top nav a", has_text="Admin")
+    admin.scroll_into_view_if_needed()
+    box = admin.bounding_box()
+    assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 390
+
+
+@pytest.mark.django_db(transaction=True)
+def test_pages_load_no_missing_files_and_offer_a_skip_link(page):
+    missing = []
+    page.on("response", lambda r: missing.append(r.url) if r.status == 404 else None)
+    page.goto("/dashboard/queues/")
+    page.wait_for_load_state("networkidle")
+    assert missing == []
+    page.keyboard.press("Tab")
+    assert page.evaluate("() => document.activeElement.textContent") == "Skip to content"

@@ -301,6 +301,13 @@ def test_viewer_cannot_stop_a_worker(viewer):
     assert Worker.objects.get(id=worker.id).stop_requested_at is None
 
 
+def test_a_missing_job_gets_the_dashboards_own_404_page(viewer):
+    response = viewer.get(url("job", 987654))
+    assert response.status_code == 404
+    page = response.content.decode()
+    assert "<h1>Not found</h1>" in page and 'href="/dashboard/jobs/"' in page
+
+
 def _row(rows, queue, kind):
     (found,) = [r for r in rows if (r["queue"], r["kind"]) == (queue, kind)]
     return found

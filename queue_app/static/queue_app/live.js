@@ -1,5 +1,7 @@
 // Refresh the page's live region in place: fetch ?partial=1 every few seconds and swap
-// it in. Paused while the tab is hidden; without this script the page is still whole.
+// it in. Paused while the tab is hidden or by the footer's Pause button; held while
+// keyboard focus is inside the region (a swap would throw it back to <body>); unchanged
+// content is not swapped. Without this script the page is still whole.
 (function () {
   "use strict";
   var region = document.getElementById("live");
@@ -9,6 +11,19 @@
   var timer = null;
   var busy = false;
   var swaps = 0;
+  var last = null;
+  var userPaused = false;
+  var toggle = document.getElementById("live-toggle");
+
+  function utc() {
+    // The server's stamps are UTC; the footer says the same clock.
+    return new Date().toISOString().slice(11, 19) + " UTC";
+  }
+
+  function focusInside() {
+    var el = document.activeElement;
+    return !!el && el !== document.body && region.contains(el);
+  }
 
   function partialUrl() {
     var url = new URL(window.location.href);
@@ -23,7 +38,11 @@
   }
 
   function tick() {
-    if (busy || document.hidden) return;
+    if (busy || document.hidden || userPaused) return;
+    if (focusInside()) {
+      say("Held while focus is in the list; it updates when you move out of it");
+      return;
+    }
     busy = true;
     fetch(partialUrl(), { credentials: "same-origin", headers: { "X-Requested-With": "fetch" } })
       .then(function (response) {
@@ -32,10 +51,12 @@
         return response.text();
       })
       .then(function (html) {
-        region.innerHTML = html;
+        if (focusInside()) return;  // focus moved in while the request ran
+        if (html !== last) region.innerHTML = html;
+        last = html;
         swaps += 1;
         region.dataset.swaps = String(swaps);
-        say("Updated " + new Date().toLocaleTimeString() + " · refreshes every " + every / 1000 + " s while visible");
+        say("Updated " + utc() + " · refreshes every " + every / 1000 + " s while visible");
       })
       .catch(function (err) {
         say("Refresh failed (" + err.message + "); retrying. Reload the page to log in again.", true);
@@ -51,6 +72,23 @@
     if (timer !== null) window.clearInterval(timer);
     timer = null;
   }
+
+  if (toggle) {
+    toggle.hidden = false;
+    toggle.addEventListener("click", function () {
+      userPaused = !userPaused;
+      toggle.textContent = userPaused ? "Resume refresh" : "Pause refresh";
+      toggle.setAttribute("aria-pressed", userPaused ? "true" : "false");
+      if (userPaused) {
+        say("Paused; nothing changes on this page until you resume");
+      } else {
+        tick();
+      }
+    });
+  }
+  region.addEventListener("focusout", function () {
+    window.setTimeout(function () { if (!focusInside()) tick(); }, 0);
+  });
 
   document.addEventListener("visibilitychange", function () {
     if (document.hidden) {
