@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.core.paginator import Paginator
-from django.db.models import Avg, Count, DurationField, ExpressionWrapper, F, Min, Q, Sum, TextField
+from django.db.models import Avg, Count, DurationField, ExpressionWrapper, F, Max, Min, Q, Sum, TextField
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast, Length, Substr, TruncMinute
 from django.utils import timezone
@@ -68,16 +68,20 @@ class Filters:
     """What the job lists, `inspect` and `requeue --all-matching` narrow jobs by.
 
     ``state`` takes any name of ``models.STATUSES``: a stored state or a derived status.
-    ``q`` is a job id or text in the kind or the idempotency key.
+    ``q`` is a job id or text in the kind or the idempotency key. ``text`` is text
+    anywhere in the payload's or the last error's JSON (the exception's type, message
+    and traceback): a scan of the rows the other filters leave, so it is a field of its
+    own rather than part of ``q``.
     """
 
     state: str | None = None
     kind: str | None = None
     queue: str | None = None
     q: str | None = None
+    text: str | None = None
 
     def __post_init__(self):
-        for name in ("kind", "queue", "q"):
+        for name in ("kind", "queue", "q", "text"):
             value = getattr(self, name)
             if value and "\x00" in value:
                 # PostgreSQL cannot hold or compare a NUL in text (the query would fail):
@@ -100,6 +104,12 @@ class Filters:
                 if as_id(term) is not None
                 else qs.filter(Q(kind__icontains=term) | Q(idempotency_key=term))
             )
+        if self.text and self.text.strip():
+            term = self.text.strip()
+            # alias, not annotate: the text is compared, never sent back with the row.
+            qs = qs.alias(
+                payload_text=Cast("payload", TextField()), error_text=Cast("last_error", TextField())
+            ).filter(Q(payload_text__icontains=term) | Q(error_text__icontains=term))
         return qs
 
 
@@ -376,14 +386,35 @@ def latest_events(filters=None, *, limit=15):
     return list(qs[:limit])
 
 
-def dead_letter_page(*, resolved=False, before=None, size=None):
-    """Dead letters, newest first: unresolved ones, or resolved ones."""
-    qs = _previewed(DeadLetter.objects.filter(resolved_at__isnull=not resolved), payload=False, error=True)
-    return _keyset(
-        qs.annotate(error_type=KeyTextTransform("type", "error")),
-        before,
-        size or settings.DASHBOARD_PAGE_SIZE,
+def _dead_letters(resolved, kind=None, error_type=None):
+    qs = DeadLetter.objects.filter(resolved_at__isnull=not resolved).annotate(
+        error_type=KeyTextTransform("type", "error")
     )
+    if kind:
+        qs = qs.filter(kind=kind.replace("\x00", ""))
+    if error_type:
+        qs = qs.filter(error__type=error_type.replace("\x00", ""))
+    return qs
+
+
+def dead_letter_page(*, resolved=False, kind=None, error_type=None, before=None, size=None):
+    """Dead letters, newest first: unresolved ones, or resolved ones; of one kind and
+    one exception type when given."""
+    qs = _previewed(_dead_letters(resolved, kind, error_type), payload=False, error=True)
+    return _keyset(qs, before, size or settings.DASHBOARD_PAGE_SIZE)
+
+
+def dead_letter_groups(*, resolved=False, kind=None, limit=20):
+    """[{kind, error_type, n, newest}]: dead letters grouped by kind and exception type,
+    the largest groups first, so fifty letters of one outage read as one line."""
+    rows = (
+        _dead_letters(resolved, kind)
+        .order_by()
+        .values("kind", "error_type")
+        .annotate(n=Count("id"), newest=Max("created_at"))
+        .order_by("-n", "kind", "error_type")[:limit]
+    )
+    return list(rows)
 
 
 def worker_rows(*, include_stopped=True, limit=500, order=("state", "-last_heartbeat"), ids=None):

@@ -61,15 +61,14 @@ def overview(request):
 
 @_perm("queue_app.view_job")
 def jobs(request):
-    filters = {k: request.GET.get(k, "").strip() for k in ("status", "kind", "queue", "q")}
+    filters = {k: request.GET.get(k, "").strip() for k in ("status", "kind", "queue", "q", "text")}
+    narrow = {"kind": filters["kind"], "queue": filters["queue"], "q": filters["q"], "text": filters["text"]}
     try:
-        chosen = reads.Filters(
-            state=filters["status"] or None, kind=filters["kind"], queue=filters["queue"], q=filters["q"]
-        )
+        chosen = reads.Filters(state=filters["status"] or None, **narrow)
     except InvalidJob as exc:
         messages.error(request, f"{exc}; showing every status.")
         filters["status"] = ""
-        chosen = reads.Filters(kind=filters["kind"], queue=filters["queue"], q=filters["q"])
+        chosen = reads.Filters(**narrow)
     page = reads.job_page(chosen, before=_cursor(request))
     query = urlencode({k: v for k, v in filters.items() if v})
     context = {
@@ -130,8 +129,21 @@ def job_action(request, job_id, action):
 @_perm("queue_app.view_deadletter")
 def dead_letters(request):
     resolved = request.GET.get("resolved") == "1"
-    page = reads.dead_letter_page(resolved=resolved, before=_cursor(request))
-    return _page(request, "dead_letters.html", {"nav": "dead", "page": page, "resolved": resolved})
+    kind, error_type = request.GET.get("kind", "").strip(), request.GET.get("error", "").strip()
+    page = reads.dead_letter_page(
+        resolved=resolved, kind=kind, error_type=error_type, before=_cursor(request)
+    )
+    chosen = {"resolved": "1" if resolved else "", "kind": kind, "error": error_type}
+    context = {
+        "nav": "dead",
+        "page": page,
+        "resolved": resolved,
+        "kind": kind,
+        "error_type": error_type,
+        "groups": reads.dead_letter_groups(resolved=resolved, kind=kind),
+        "query": urlencode({k: v for k, v in chosen.items() if v}),
+    }
+    return _page(request, "dead_letters.html", context)
 
 
 @_perm("queue_app.view_worker")

@@ -301,6 +301,40 @@ def test_viewer_cannot_stop_a_worker(viewer):
     assert Worker.objects.get(id=worker.id).stop_requested_at is None
 
 
+def test_jobs_can_be_found_by_text_in_their_payload_or_their_error(viewer):
+    hit_payload = JobFactory(kind="email", payload={"to": "ops@example.com", "note": "Quarterly REPORT"})
+    hit_error = JobFactory(kind="sync", last_error={"type": "ConnectionError", "message": "refused"})
+    JobFactory(kind="email", payload={"to": "x@example.com"}, last_error={"type": "ValueError"})
+
+    def found(text, **more):
+        return [j.id for j in viewer.get(url("jobs"), {"text": text, **more}).context["page"].rows]
+
+    assert found("quarterly report") == [hit_payload.id]
+    assert found("ConnectionError") == [hit_error.id]
+    assert found("ConnectionError", kind="email") == []
+    assert found("nothing-like-this") == []
+    page = viewer.get(url("jobs"), {"text": "Connection"}).content.decode()
+    assert 'name="text" value="Connection"' in page
+
+
+def test_dead_letters_filter_by_kind_and_exception_and_group_by_them(viewer):
+    for _ in range(3):
+        DeadLetterFactory(kind="sync", error={"type": "ConnectionError", "message": "refused"})
+    DeadLetterFactory(kind="sync", error={"type": "ValueError", "message": "bad"})
+    email = DeadLetterFactory(kind="email", error={"type": "ConnectionError", "message": "smtp"})
+    response = viewer.get(url("dead_letters"))
+    groups = [(g["kind"], g["error_type"], g["n"]) for g in response.context["groups"]]
+    assert groups == [
+        ("sync", "ConnectionError", 3),
+        ("email", "ConnectionError", 1),
+        ("sync", "ValueError", 1),
+    ]
+    shown = viewer.get(url("dead_letters"), {"kind": "email"}).context["page"].rows
+    assert [d.id for d in shown] == [email.id]
+    shown = viewer.get(url("dead_letters"), {"kind": "sync", "error": "ConnectionError"}).context["page"].rows
+    assert len(shown) == 3 and {d.kind for d in shown} == {"sync"}
+
+
 def test_a_missing_job_gets_the_dashboards_own_404_page(viewer):
     response = viewer.get(url("job", 987654))
     assert response.status_code == 404
