@@ -18,7 +18,8 @@ from django.utils import timezone
 from queue_app.conf import settings
 from queue_app.core import aborting, transitions, validation
 from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound
-from queue_app.models import Job, State, Worker
+from queue_app.models import Job, Schedule, State, Worker
+from queue_app.worker import schedules as scheduling
 
 log = logging.getLogger("queue_app")
 
@@ -190,6 +191,18 @@ def apply_many(
         if time.monotonic() > deadline:
             out.more = ids_qs.filter(id__gt=last).exists()
             return out
+
+
+def run_schedule_now(name, *, may_run_shell=True, using=None):
+    """Enqueue one job of cron schedule ``name`` now (schedules.run_now); a shell
+    schedule needs ``may_run_shell`` as requeuing a shell job does."""
+    using = using or router.db_for_write(Job)
+    kind = Schedule.objects.using(using).filter(name=name).values_list("kind", flat=True).first()
+    if kind == validation.SHELL_KIND and not may_run_shell:
+        raise InvalidJob(
+            f"running a shell schedule needs the {validation.SHELL_PERMISSION} permission", "kind"
+        )
+    return scheduling.run_now(name, using=using)
 
 
 def request_stop(worker_ids, *, using=None):

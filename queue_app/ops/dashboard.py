@@ -12,6 +12,7 @@ from queue_app.conf import settings
 from queue_app.core import ordering
 from queue_app.models import LATE, LOST, PENDING_STATUSES, STATUSES, WORKER_STATUSES, State, WorkerState
 from queue_app.ops import reads
+from queue_app.worker import schedules as scheduling
 
 # Names shown for statuses whose identifier reads badly.
 _LABELS = {State.DEAD_LETTER: "dead letter"}
@@ -136,6 +137,25 @@ def queues(now=None):
     rows = reads.queues(now)
     for r in rows:
         r["pause_targets"] = [("queue", r["queue"], r["queue_paused"]), ("kind", r["kind"], r["kind_paused"])]
+    return rows
+
+
+def schedules(now=None):
+    """The schedules page's rows: each schedule, its next run ("" when disabled or its
+    expression no longer evaluates) and its latest job with that job's status."""
+    now = now or timezone.now()
+    rows = []
+    for schedule, upcoming in scheduling.overview(now):
+        latest = reads.latest_job_with_key_prefix(scheduling.key_prefix(schedule.name))
+        rows.append(
+            {
+                "schedule": schedule,
+                "next_run": upcoming,
+                "next_in": age(now, upcoming) if upcoming else "",
+                "latest": latest,
+                "latest_status": latest.status if latest else "",
+            }
+        )
     return rows
 
 

@@ -71,7 +71,8 @@ class Filters:
     ``q`` is a job id or text in the kind or the idempotency key. ``text`` is text
     anywhere in the payload's or the last error's JSON (the exception's type, message
     and traceback): a scan of the rows the other filters leave, so it is a field of its
-    own rather than part of ``q``.
+    own rather than part of ``q``. ``schedule`` is a cron schedule's name: the jobs it
+    enqueued.
     """
 
     state: str | None = None
@@ -79,9 +80,10 @@ class Filters:
     queue: str | None = None
     q: str | None = None
     text: str | None = None
+    schedule: str | None = None
 
     def __post_init__(self):
-        for name in ("kind", "queue", "q", "text"):
+        for name in ("kind", "queue", "q", "text", "schedule"):
             value = getattr(self, name)
             if value and "\x00" in value:
                 # PostgreSQL cannot hold or compare a NUL in text (the query would fail):
@@ -104,6 +106,9 @@ class Filters:
                 if as_id(term) is not None
                 else qs.filter(Q(kind__icontains=term) | Q(idempotency_key=term))
             )
+        if self.schedule:
+            # A schedule's jobs carry keys "schedule:<name>:<tick>" (worker.schedules).
+            qs = qs.filter(idempotency_key__startswith=f"schedule:{self.schedule}:")
         if self.text and self.text.strip():
             term = self.text.strip()
             # alias, not annotate: the text is compared, never sent back with the row.
@@ -423,6 +428,12 @@ def worker_rows(*, include_stopped=True, limit=500, order=("state", "-last_heart
     if ids is not None:
         qs = qs.filter(id__in=ids)
     return list(qs.order_by(*order)[:limit])
+
+
+def latest_job_with_key_prefix(prefix):
+    """The newest job whose idempotency key starts with ``prefix`` (a schedule's), or None."""
+    qs = Job.objects.with_status().filter(idempotency_key__startswith=prefix)
+    return qs.defer("payload", "result").order_by("-id").first()
 
 
 def jobs_held_by(names, *, limit=500):

@@ -13,6 +13,8 @@ urlpatterns = [
     path("workers/", views.workers, name="workers"),
     path("workers/<int:worker_id>/stop/", views.worker_stop, name="worker_stop"),
     path("queues/", views.queues, name="queues"),
+    path("schedules/", views.schedules, name="schedules"),
+    path("schedules/<str:name>/run/", views.schedule_run_now, name="schedule_run_now"),
     path("queues/pause/", views.pause, name="pause"),
     path("queues/resume/", views.resume, name="resume"),
 ]

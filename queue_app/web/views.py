@@ -61,8 +61,10 @@ def overview(request):
 
 @_perm("queue_app.view_job")
 def jobs(request):
-    filters = {k: request.GET.get(k, "").strip() for k in ("status", "kind", "queue", "q", "text")}
-    narrow = {"kind": filters["kind"], "queue": filters["queue"], "q": filters["q"], "text": filters["text"]}
+    filters = {
+        k: request.GET.get(k, "").strip() for k in ("status", "kind", "queue", "q", "text", "schedule")
+    }
+    narrow = {k: filters[k] for k in ("kind", "queue", "q", "text", "schedule")}
     try:
         chosen = reads.Filters(state=filters["status"] or None, **narrow)
     except InvalidJob as exc:
@@ -202,3 +204,22 @@ def resume(request):
         what = " ".join(f"{k} {v}" for k, v in target.items())
         messages.success(request, f"Resumed {what}." if resumed else f"{what} was not paused.")
     return redirect("queue_app_dashboard:queues")
+
+
+@_perm("queue_app.view_schedule")
+def schedules(request):
+    return _page(request, "schedules.html", {"nav": "schedules", "rows": dashboard.schedules()})
+
+
+@require_POST
+@_perm("queue_app.view_schedule")
+def schedule_run_now(request, name):
+    if not request.user.has_perm("queue_app.add_job"):
+        raise PermissionDenied("needs queue_app.add_job")
+    try:
+        job = operations.run_schedule_now(name, may_run_shell=request.user.has_perm(SHELL_PERMISSION))
+    except InvalidJob as exc:
+        messages.error(request, f"Run now refused: {exc}")
+        return redirect("queue_app_dashboard:schedules")
+    messages.success(request, f"Schedule {name}: job {job.id} enqueued to run now.")
+    return redirect("queue_app_dashboard:job", job_id=job.id)

@@ -20,14 +20,15 @@ from django.utils import timezone
 from queue_app.core import flow, transitions
 from queue_app.core.enqueueing import enqueue
 from queue_app.management.commands.web import gunicorn_argv, parse_addr
-from queue_app.models import DeadLetter, Event, Job, Pause, State, Worker
+from queue_app.models import DeadLetter, Event, Job, Pause, Schedule, State, Worker
 from queue_app.ops import dashboard, reads
+from queue_app.worker import schedules as scheduling
 from queue_app.worker.execution import run_one
 from tests.factories import DeadLetterFactory, JobFactory, make_staff
 
 pytestmark = pytest.mark.django_db
 
-PAGES = ["overview", "jobs", "dead_letters", "workers", "queues"]
+PAGES = ["overview", "jobs", "dead_letters", "workers", "queues", "schedules"]
 READ = ["queue_app.view_job", "queue_app.view_deadletter", "queue_app.view_worker"]
 
 
@@ -553,3 +554,59 @@ def test_the_job_page_refuses_to_requeue_a_shell_job_without_the_shell_permissio
 
     assert "needs the queue_app.enqueue_shell_job permission" in response.content.decode()
     assert Job.objects.get(id=shell.id).state == State.DEAD_LETTER
+
+
+# --- schedules --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def scheduler(client):
+    client.force_login(make_staff("sched", *READ, "queue_app.view_schedule", "queue_app.add_job"))
+    return client
+
+
+def test_the_schedules_page_shows_each_schedules_next_run_and_latest_job(scheduler):
+    nightly = Schedule.objects.create(name="nightly", cron="0 3 * * *", kind="echo")
+    Schedule.objects.create(name="off", cron="* * * * *", kind="echo", enabled=False)
+    scheduling.tick(now=timezone.now())  # nothing due yet: created just now
+    tick = timezone.now().replace(microsecond=0)
+    enqueue("echo", {}, idempotency_key=scheduling.tick_key(nightly, tick))
+    rows = {r["schedule"].name: r for r in scheduler.get(url("schedules")).context["rows"]}
+    assert rows["nightly"]["next_run"] is not None and rows["nightly"]["latest_status"] == "ready"
+    assert rows["off"]["next_run"] is None and rows["off"]["latest"] is None
+    page = scheduler.get(url("schedules")).content.decode()
+    assert "disabled" in page and f"{url('jobs')}?schedule=nightly" in page
+
+
+def test_run_now_enqueues_one_job_of_the_schedule_and_the_schedules_jobs_list_shows_it(scheduler):
+    Schedule.objects.create(name="report", cron="0 3 * * *", kind="echo", payload={"r": 1}, queue_name="slow")
+    enqueue("echo", {"other": True})
+    response = scheduler.post(url("schedule_run_now", "report"), follow=True)
+    job = Job.objects.get(idempotency_key__startswith="schedule:report:now:")
+    assert (job.kind, job.payload, job.queue_name) == ("echo", {"r": 1}, "slow")
+    assert f"job {job.id} enqueued to run now" in response.content.decode()
+    shown = [j.id for j in scheduler.get(url("jobs"), {"schedule": "report"}).context["page"].rows]
+    assert shown == [job.id]
+    assert Schedule.objects.get(name="report").last_tick is None  # the ticks are its own
+
+
+def test_run_now_of_an_unknown_schedule_is_refused_and_writes_nothing(scheduler):
+    response = scheduler.post(url("schedule_run_now", "nope"), follow=True)
+    assert "Run now refused: no schedule named &#x27;nope&#x27;" in response.content.decode()
+    assert not Job.objects.exists()
+
+
+def test_run_now_needs_the_enqueue_permission(client):
+    client.force_login(make_staff("looker", *READ, "queue_app.view_schedule"))
+    Schedule.objects.create(name="report", cron="0 3 * * *", kind="echo")
+    assert "Run now" not in client.get(url("schedules")).content.decode()
+    assert client.post(url("schedule_run_now", "report")).status_code == 403
+    assert not Job.objects.exists()
+    assert client.get(url("schedules")).status_code == 200
+
+
+def test_a_pending_job_that_never_ran_offers_run_now_not_retry_now(operator):
+    fresh = JobFactory(run_at=timezone.now() + timedelta(hours=1))
+    retrying = JobFactory(attempts=1, run_at=timezone.now() + timedelta(hours=1))
+    assert ">Run now</button>" in operator.get(url("job", fresh.id)).content.decode()
+    assert ">Retry now</button>" in operator.get(url("job", retrying.id)).content.decode()
