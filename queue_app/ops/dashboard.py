@@ -9,7 +9,7 @@ from datetime import timedelta
 from django.utils import timezone
 
 from queue_app.conf import settings
-from queue_app.core import ordering
+from queue_app.core import flow, ordering
 from queue_app.models import LATE, LOST, PENDING_STATUSES, STATUSES, WORKER_STATUSES, State, WorkerState
 from queue_app.ops import reads
 from queue_app.worker import schedules as scheduling
@@ -138,6 +138,14 @@ def queues(now=None):
     for r in rows:
         r["pause_targets"] = [("queue", r["queue"], r["queue_paused"]), ("kind", r["kind"], r["kind_paused"])]
     return rows
+
+
+def limits():
+    """The queues page's limits panel: each kind limit with what it holds back now."""
+    return [
+        {"limit": row, "leased": leased, "in_window": in_window, "keys_full": full}
+        for row, leased, in_window, full in flow.limit_status()
+    ]
 
 
 def schedules(now=None):

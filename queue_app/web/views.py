@@ -171,7 +171,8 @@ def worker_stop(request, worker_id):
 
 @_perm("queue_app.view_job")
 def queues(request):
-    return _page(request, "queues.html", {"nav": "queues", "rows": dashboard.queues()})
+    context = {"nav": "queues", "rows": dashboard.queues(), "limits": dashboard.limits()}
+    return _page(request, "queues.html", context)
 
 
 def _pause_target(request):

@@ -610,3 +610,14 @@ def test_a_pending_job_that_never_ran_offers_run_now_not_retry_now(operator):
     retrying = JobFactory(attempts=1, run_at=timezone.now() + timedelta(hours=1))
     assert ">Run now</button>" in operator.get(url("job", fresh.id)).content.decode()
     assert ">Retry now</button>" in operator.get(url("job", retrying.id)).content.decode()
+
+
+def test_the_queues_page_shows_each_kind_limit_and_how_full_it_is(viewer):
+    flow.set_limit("export", concurrency=2, rate_limit=10, rate_period=60)
+    JobFactory.create_batch(2, leased=True, kind="export")
+    JobFactory(kind="export")
+    response = viewer.get(url("queues"))
+    (limit,) = response.context["limits"]
+    assert (limit["limit"].kind, limit["leased"], limit["keys_full"]) == ("export", 2, None)
+    page = response.content.decode()
+    assert 'data-limit="export"' in page and "2 / 2" in page and "per 1m00s" in page
