@@ -4,13 +4,22 @@ the reads in ``queue_app.ops.reads``. Nothing here queries: views call these and
 
 import json
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.utils import timezone
 
 from queue_app.conf import settings
-from queue_app.core import flow, ordering
-from queue_app.models import LATE, LOST, PENDING_STATUSES, STATUSES, WORKER_STATUSES, State, WorkerState
+from queue_app.core import durations, flow, ordering
+from queue_app.models import (
+    LATE,
+    LOST,
+    PENDING_STATUSES,
+    STATUSES,
+    WORKER_STATUSES,
+    EventType,
+    State,
+    WorkerState,
+)
 from queue_app.ops import reads
 from queue_app.worker import schedules as scheduling
 
@@ -75,6 +84,112 @@ class Chart:
     failed: int
     width: int = 600
     height: int = 120
+
+
+# Events that end the attempt a claim began: the timeline shows the pair as one entry.
+ENDS_ATTEMPT = frozenset(
+    {
+        EventType.COMPLETED,
+        EventType.FAILED,
+        EventType.DEAD_LETTERED,
+        EventType.RECOVERED,
+        EventType.RELEASED,
+        EventType.SNOOZED,
+        EventType.CANCELLED,
+    }
+)
+# Tracebacks go through these packages before they reach a handler's own code.
+MACHINERY = ("/queue_app/worker/", "/queue_app/tasks/", "/queue_app/handlers/")
+
+
+def _stamp(text, default):
+    try:
+        return datetime.fromisoformat(text) if text else default
+    except (TypeError, ValueError):
+        return default
+
+
+def _due_after(event, due):
+    """When the job was next due after ``event`` (it waited from then to its next claim)."""
+    meta = event.metadata or {}
+    if event.type == EventType.ENQUEUED:
+        return _stamp(meta.get("run_at"), event.at)
+    if event.type == EventType.FAILED:
+        return _stamp(meta.get("retry_at"), event.at)
+    if event.type == EventType.SNOOZED:
+        return _stamp(meta.get("run_at"), event.at)
+    if event.type in (EventType.RESCHEDULED, EventType.REQUEUED, EventType.RELEASED, EventType.RECOVERED):
+        return event.at
+    return due
+
+
+def timeline(events):
+    """A job's events as timeline entries, oldest first: each claim and the event that
+    ended its attempt make one entry ({"event": the end, "claim": the claim, "ran": the
+    time between, "waited": from when it was due to its claim}), so ten attempts read as
+    ten entries, not twenty; every other event is an entry of its own (claim None). A
+    claim still open is an entry with the claim as its event and "waited" set."""
+    entries, open_claims, due = [], {}, None
+    for event in events:
+        if event.type == EventType.CLAIMED:
+            waited = max(event.at - due, timedelta(0)) if due else None
+            open_claims[event.attempt] = len(entries)
+            entries.append({"event": event, "claim": None, "ran": None, "waited": waited})
+            continue
+        due = _due_after(event, due)
+        at = open_claims.pop(event.attempt, None) if event.type in ENDS_ATTEMPT else None
+        if at is None:
+            entries.append({"event": event, "claim": None, "ran": None, "waited": None})
+            continue
+        opened = entries[at]
+        entries[at] = None
+        claim = opened["event"]
+        entries.append(
+            {"event": event, "claim": claim, "ran": event.at - claim.at, "waited": opened["waited"]}
+        )
+    return [entry for entry in entries if entry is not None]
+
+
+def user_traceback(text):
+    """``text`` without the leading frames of the queue's own machinery (the worker
+    calling the handler), with a line saying how many were left out; the stored
+    traceback keeps them."""
+    if not text:
+        return text
+    lines = text.splitlines()
+    if not lines[0].startswith("Traceback"):
+        return text
+    i, hidden = 1, 0
+    while i < len(lines) and lines[i].startswith('  File "') and any(m in lines[i] for m in MACHINERY):
+        i += 1
+        while i < len(lines) and lines[i].startswith("    "):
+            i += 1
+        hidden += 1
+    if not hidden or i >= len(lines) or not lines[i].startswith('  File "'):
+        return text  # nothing of the handler's own below: keep it whole
+    note = f"  ({hidden} frame{'s' if hidden != 1 else ''} of jobqueue's worker left out)"
+    return "\n".join([lines[0], note, *lines[i:]])
+
+
+def job_timing(job, entries, now=None):
+    """The job page's timing facts from its timeline entries, as short strings ("" where
+    they do not apply): the latest attempt's queue wait and run time (or how long it has
+    been running), and when a pending job runs next."""
+    now = now or timezone.now()
+    out = {"waited": "", "ran": "", "running_for": "", "next_in": "", "next_is_retry": False}
+    attempts = [e for e in entries if e["claim"] is not None or e["event"].type == EventType.CLAIMED]
+    if attempts:
+        latest = attempts[-1]
+        if latest["waited"] is not None:
+            out["waited"] = durations.format(latest["waited"].total_seconds())
+        if latest["ran"] is not None:
+            out["ran"] = durations.format(max(0.0, latest["ran"].total_seconds()))
+        elif job.state == State.LEASED:
+            out["running_for"] = durations.format(max(0.0, (now - latest["event"].at).total_seconds()))
+    if job.state == State.PENDING and job.run_at > now:
+        out["next_in"] = age(now, job.run_at)
+        out["next_is_retry"] = job.attempts > 0
+    return out
 
 
 def chart(start, done, failed, width=600, height=120):

@@ -32,6 +32,11 @@ def took(value):
 
 
 @register.filter
+def user_traceback(text):
+    return dashboard.user_traceback(text)
+
+
+@register.filter
 def pretty_json(value):
     return dashboard.json_text(value)
 

@@ -84,19 +84,29 @@ def jobs(request):
     return _page(request, "jobs.html", context)
 
 
-@_perm("queue_app.view_job")
-def job(request, job_id):
+def _job_page(request, job_id, *, payload_draft=None, status=200):
     found = reads.job_detail(job_id)
     if found is None:
         raise Http404(f"job {job_id} does not exist")
+    entries = dashboard.timeline(found["events"])
     context = {
         "nav": "jobs",
         **found,
         "status": found["job"].status,
         "actions": operations.ACTIONS,
+        "timeline": entries,
+        "timing": dashboard.job_timing(found["job"], entries),
+        "effective_priority": dashboard.effective_priority(found["job"]),
+        "payload_draft": payload_draft,
     }
-    context["effective_priority"] = dashboard.effective_priority(found["job"])
-    return _page(request, "job.html", context, live=False)
+    response = _page(request, "job.html", context)
+    response.status_code = status
+    return response
+
+
+@_perm("queue_app.view_job")
+def job(request, job_id):
+    return _job_page(request, job_id)
 
 
 @require_POST
@@ -119,6 +129,9 @@ def job_action(request, job_id, action):
         )
     except (InvalidJob, InvalidTransition) as exc:
         messages.error(request, f"{chosen.label} refused: {exc}")
+        if action == "edit_payload":
+            # Shown again with what was typed, to fix rather than retype.
+            return _job_page(request, job_id, payload_draft=value or "", status=400)
         return redirect("queue_app_dashboard:job", job_id=job_id)
     except JobNotFound as exc:
         raise Http404(str(exc)) from None

@@ -144,7 +144,7 @@ def test_job_page_shows_the_timeline_and_its_requeue_button_works(page):
     job = dead_job()
     page.goto(f"/dashboard/jobs/{job.id}/")
     timeline = page.inner_text(".timeline")
-    assert "Enqueued" in timeline and "Claimed" in timeline and "Dead-lettered" in timeline
+    assert "Enqueued" in timeline and "Attempt 1 claimed" in timeline and "Dead-lettered" in timeline
     page.click("text=Traceback")
     assert "smtp refused" in page.inner_text(".timeline")
     shot(page, "job")
@@ -247,3 +247,15 @@ def test_pages_load_no_missing_files_and_offer_a_skip_link(page):
     assert missing == []
     page.keyboard.press("Tab")
     assert page.evaluate("() => document.activeElement.textContent") == "Skip to content"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_job_page_updates_itself_when_the_job_runs(page):
+    job = enqueue("echo", {"n": 1})
+    page.goto(f"/dashboard/jobs/{job.id}/")
+    assert page.get_attribute("#live [data-status]", "data-status") == "ready"
+    page.evaluate("window.__sameDocument = true")
+    run_one(worker_id="w-browser")
+    page.wait_for_selector('#live [data-status="completed"]')
+    assert page.evaluate("window.__sameDocument") is True
+    assert "Attempt 1" in page.inner_text(".timeline")

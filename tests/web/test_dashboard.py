@@ -2,6 +2,7 @@
 and `manage.py web` serving them with gunicorn."""
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -621,3 +622,89 @@ def test_the_queues_page_shows_each_kind_limit_and_how_full_it_is(viewer):
     assert (limit["limit"].kind, limit["leased"], limit["keys_full"]) == ("export", 2, None)
     page = response.content.decode()
     assert 'data-limit="export"' in page and "2 / 2" in page and "per 1m00s" in page
+
+
+# --- the job page -----------------------------------------------------------------------
+
+
+def test_the_timeline_shows_each_attempt_as_one_entry_with_its_wait_and_run_time(viewer):
+    job = enqueue("flaky", {"succeed_on": 3}, max_attempts=3)
+    for _ in range(3):
+        Job.objects.filter(id=job.id).update(run_at=timezone.now())
+        run_one(worker_id="w-test")
+    response = viewer.get(url("job", job.id))
+    types = [e.type for e in response.context["events"]]
+    assert types == ["enqueued", "claimed", "failed", "claimed", "failed", "claimed", "completed"]
+    entries = response.context["timeline"]
+    assert [(x["event"].type, x["claim"] is not None) for x in entries] == [
+        ("enqueued", False),
+        ("failed", True),
+        ("failed", True),
+        ("completed", True),
+    ]
+    assert all(x["ran"] >= timedelta(0) and x["waited"] is not None for x in entries[1:])
+    html = response.content.decode()
+    assert html.count('data-attempt="') == 3 and "<strong>Attempt 3</strong>" in html
+    assert response.context["timing"]["ran"] and response.context["timing"]["waited"]
+
+
+def test_an_open_claim_stays_an_entry_and_the_page_says_how_long_it_has_run(viewer):
+    job = JobFactory(leased=True, started_at=timezone.now() - timedelta(seconds=30))
+    Event.objects.create(
+        job=job,
+        type="claimed",
+        attempt=1,
+        from_state="pending",
+        to_state="leased",
+        at=timezone.now() - timedelta(seconds=30),
+    )
+    response = viewer.get(url("job", job.id))
+    assert [x["event"].type for x in response.context["timeline"]] == ["claimed"]
+    assert response.context["timing"]["running_for"].endswith("s")
+    assert 'data-timing="running"' in response.content.decode()
+
+
+def test_a_retrying_job_says_when_its_next_retry_is(viewer):
+    job = JobFactory(attempts=1, run_at=timezone.now() + timedelta(seconds=125))
+    html = viewer.get(url("job", job.id)).content.decode()
+    assert "next retry in 2m" in html
+    fresh = JobFactory(run_at=timezone.now() + timedelta(hours=2, minutes=1))
+    assert "runs in 2h" in viewer.get(url("job", fresh.id)).content.decode()
+
+
+def test_tracebacks_start_at_the_handlers_own_frame(viewer):
+    job = failed_job(kind="flaky")
+    stored = Job.objects.get(id=job.id).last_error["traceback"]
+    assert "/queue_app/worker/execution.py" in stored  # kept in the row
+    html = viewer.get(url("job", job.id)).content.decode()
+    shown = re.findall(r'<pre class="code tb">(.*?)</pre>', html, re.S)
+    assert len(shown) == 2  # the last error, and the timeline's failed attempt
+    for tb in shown:
+        assert "queue_app/worker/execution.py" not in tb
+        assert "frames of jobqueue&#x27;s worker left out" in tb and "samples.py" in tb
+
+
+def test_user_traceback_keeps_a_traceback_that_is_all_machinery_whole():
+    text = 'Traceback (most recent call last):\n  File "/x/queue_app/worker/execution.py", line 1, in f\n    g()\nKeyError: 1'
+    assert dashboard.user_traceback(text) == text
+    assert dashboard.user_traceback("") == ""
+
+
+def test_a_refused_payload_edit_shows_the_page_again_with_what_was_typed(operator):
+    job = JobFactory(payload={"keep": True})
+    typed = '{"to": "ops@example.com", "oops": }'
+    response = operator.post(url("job_action", job.id, "edit_payload"), {"payload": typed})
+    assert response.status_code == 400
+    html = response.content.decode()
+    assert "Edit payload refused" in html
+    assert "{&quot;to&quot;: &quot;ops@example.com&quot;, &quot;oops&quot;: }" in html
+    assert Job.objects.get(id=job.id).payload == {"keep": True}
+
+
+def test_the_job_page_is_live_its_partial_holds_status_and_timeline_not_the_actions(operator):
+    job = JobFactory()
+    partial = operator.get(url("job", job.id), {"partial": "1"}).content.decode()
+    assert 'data-status="ready"' in partial and 'class="timeline"' in partial
+    assert "<textarea" not in partial and "Cancel</button>" not in partial
+    page = operator.get(url("job", job.id)).content.decode()
+    assert 'data-refresh="' in page and "Cancel</button>" in page
