@@ -32,6 +32,12 @@ def took(value):
 
 
 @register.filter
+def label(name):
+    """A state, status or event name as words: dead_letter -> dead letter."""
+    return str(name).replace("_", " ")
+
+
+@register.filter
 def user_traceback(text):
     return dashboard.user_traceback(text)
 

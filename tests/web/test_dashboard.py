@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from queue_app.core import flow, transitions
 from queue_app.core.enqueueing import enqueue
+from queue_app.handlers import registry
 from queue_app.management.commands.web import gunicorn_argv, parse_addr
 from queue_app.models import DeadLetter, Event, Job, Pause, Schedule, State, Worker
 from queue_app.ops import dashboard, reads
@@ -627,8 +628,21 @@ def test_the_queues_page_shows_each_kind_limit_and_how_full_it_is(viewer):
 # --- the job page -----------------------------------------------------------------------
 
 
-def test_the_timeline_shows_each_attempt_as_one_entry_with_its_wait_and_run_time(viewer):
-    job = enqueue("flaky", {"succeed_on": 3}, max_attempts=3)
+def fails_until_third(payload, job):
+    if job.attempts < 3:
+        raise ConnectionError(f"upstream down (attempt {job.attempts})")
+    return {"attempt": job.attempts}
+
+
+@pytest.fixture
+def third_time_lucky():
+    registry.register("dash.third", fails_until_third)
+    yield "dash.third"
+    registry.unregister("dash.third")
+
+
+def test_the_timeline_shows_each_attempt_as_one_entry_with_its_wait_and_run_time(viewer, third_time_lucky):
+    job = enqueue(third_time_lucky, {}, max_attempts=3)
     for _ in range(3):
         Job.objects.filter(id=job.id).update(run_at=timezone.now())
         run_one(worker_id="w-test")
@@ -672,8 +686,8 @@ def test_a_retrying_job_says_when_its_next_retry_is(viewer):
     assert "runs in 2h" in viewer.get(url("job", fresh.id)).content.decode()
 
 
-def test_tracebacks_start_at_the_handlers_own_frame(viewer):
-    job = failed_job(kind="flaky")
+def test_tracebacks_start_at_the_handlers_own_frame(viewer, third_time_lucky):
+    job = failed_job(kind=third_time_lucky)
     stored = Job.objects.get(id=job.id).last_error["traceback"]
     assert "/queue_app/worker/execution.py" in stored  # kept in the row
     html = viewer.get(url("job", job.id)).content.decode()
@@ -681,7 +695,7 @@ def test_tracebacks_start_at_the_handlers_own_frame(viewer):
     assert len(shown) == 2  # the last error, and the timeline's failed attempt
     for tb in shown:
         assert "queue_app/worker/execution.py" not in tb
-        assert "frames of jobqueue&#x27;s worker left out" in tb and "samples.py" in tb
+        assert "frames of jobqueue&#x27;s worker left out" in tb and "in fails_until_third" in tb
 
 
 def test_user_traceback_keeps_a_traceback_that_is_all_machinery_whole():
@@ -708,3 +722,10 @@ def test_the_job_page_is_live_its_partial_holds_status_and_timeline_not_the_acti
     assert "<textarea" not in partial and "Cancel</button>" not in partial
     page = operator.get(url("job", job.id)).content.decode()
     assert 'data-refresh="' in page and "Cancel</button>" in page
+
+
+def test_badges_say_states_in_words(viewer):
+    job = JobFactory(dead=True)
+    listing = viewer.get(url("jobs")).content.decode()
+    assert 'data-status="dead_letter">dead letter</span>' in listing
+    assert 'data-status="dead_letter">dead letter</span>' in viewer.get(url("job", job.id)).content.decode()
