@@ -21,7 +21,7 @@ from queue_app.conf import settings
 from queue_app.core.validation import SHELL_PERMISSION
 from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound
 from queue_app.ops import actions as operations
-from queue_app.ops import dashboard, reads
+from queue_app.ops import dashboard, reads, redaction
 
 
 def _perm(codename):
@@ -38,8 +38,13 @@ def _perm(codename):
     return decorate
 
 
+def _unredacted(request):
+    return request.user.has_perm(redaction.PERMISSION)
+
+
 def _page(request, template, context, *, live=True):
     context.update(
+        unredacted=_unredacted(request),
         refresh_seconds=settings.DASHBOARD_REFRESH_SECONDS if live else 0,
         can_change=request.user.has_perm("queue_app.change_job"),
         can_delete=request.user.has_perm("queue_app.delete_job"),
@@ -55,7 +60,9 @@ def _cursor(request):
 
 @_perm("queue_app.view_job")
 def overview(request):
-    return _page(request, "overview.html", {"nav": "overview", **dashboard.overview()})
+    return _page(
+        request, "overview.html", {"nav": "overview", **dashboard.overview(unredacted=_unredacted(request))}
+    )
 
 
 @_perm("queue_app.view_job")
@@ -69,7 +76,7 @@ def jobs(request):
         messages.error(request, f"{exc}; showing every status.")
         filters["status"] = ""
         chosen = reads.Filters(kind=filters["kind"], queue=filters["queue"], q=filters["q"])
-    page = reads.job_page(chosen, before=_cursor(request))
+    page = reads.job_page(chosen, before=_cursor(request), unredacted=_unredacted(request))
     query = urlencode({k: v for k, v in filters.items() if v})
     context = {
         "nav": "jobs",
@@ -84,7 +91,7 @@ def jobs(request):
 
 @_perm("queue_app.view_job")
 def job(request, job_id):
-    found = reads.job_detail(job_id)
+    found = reads.job_detail(job_id, unredacted=_unredacted(request))
     if found is None:
         raise Http404(f"job {job_id} does not exist")
     context = {
@@ -114,6 +121,7 @@ def job_action(request, job_id, action):
             value,
             actor=f"admin:{request.user.get_username()}",
             may_run_shell=request.user.has_perm(SHELL_PERMISSION),
+            may_edit_payload=_unredacted(request),
         )
     except (InvalidJob, InvalidTransition) as exc:
         messages.error(request, f"{chosen.label} refused: {exc}")
@@ -129,7 +137,7 @@ def job_action(request, job_id, action):
 @_perm("queue_app.view_deadletter")
 def dead_letters(request):
     resolved = request.GET.get("resolved") == "1"
-    page = reads.dead_letter_page(resolved=resolved, before=_cursor(request))
+    page = reads.dead_letter_page(resolved=resolved, before=_cursor(request), unredacted=_unredacted(request))
     return _page(request, "dead_letters.html", {"nav": "dead", "page": page, "resolved": resolved})
 
 

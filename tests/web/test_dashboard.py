@@ -43,7 +43,13 @@ def viewer(client):
 
 @pytest.fixture
 def operator(client):
-    perms = [*READ, "queue_app.change_job", "queue_app.delete_job", "queue_app.change_worker"]
+    perms = [
+        *READ,
+        "queue_app.change_job",
+        "queue_app.delete_job",
+        "queue_app.change_worker",
+        "queue_app.view_unredacted_payload",
+    ]
     client.force_login(make_staff("op", *perms))
     return client
 
