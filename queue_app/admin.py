@@ -34,7 +34,7 @@ from queue_app.models import (
     Worker,
 )
 from queue_app.ops import actions as operations
-from queue_app.ops import dashboard, reads
+from queue_app.ops import dashboard, reads, redaction
 from queue_app.worker import capture
 from queue_app.worker import schedules as scheduling
 
@@ -99,6 +99,23 @@ class QueueModelAdmin(admin.ModelAdmin):
         return lookup in allowed
 
 
+class _Redacted:
+    """Rows shown redacted (ops/redaction.py) to a user without redaction.PERMISSION,
+    in the list and on the object's page; the stored rows are not touched."""
+
+    def get_object(self, request, object_id, from_field=None):
+        found = super().get_object(request, object_id, from_field)
+        if found is None or request.user.has_perm(redaction.PERMISSION):
+            return found
+        return redaction.row(found)
+
+    def get_changelist_instance(self, request):
+        changelist = super().get_changelist_instance(request)
+        if not request.user.has_perm(redaction.PERMISSION):
+            changelist.result_list = redaction.rows(changelist.result_list, False)
+        return changelist
+
+
 class _ChoiceFilter(admin.SimpleListFilter):
     """A column filter whose choices come from live jobs only (a capped DISTINCT),
     so opening the list does not scan a million finished rows for them."""
@@ -139,6 +156,19 @@ class _ReadOnlyInline(admin.TabularInline):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+    def get_formset(self, request, obj=None, **kwargs):
+        formset = super().get_formset(request, obj, **kwargs)
+        if request.user.has_perm(redaction.PERMISSION):
+            return formset
+
+        class Redacted(formset):
+            def get_queryset(self):
+                if not hasattr(self, "_redacted"):
+                    self._redacted = redaction.rows(super().get_queryset(), False)
+                return self._redacted
+
+        return Redacted
 
 
 class EventInline(_ReadOnlyInline):
@@ -198,7 +228,7 @@ def _make_action(action, matching):
 
 
 @admin.register(Job)
-class JobAdmin(QueueModelAdmin):
+class JobAdmin(_Redacted, QueueModelAdmin):
     list_display = [
         "id",
         "kind",
@@ -266,9 +296,11 @@ class JobAdmin(QueueModelAdmin):
             return queryset, False
         if (job_id := reads.as_id(term.lstrip("#"))) is not None:
             return queryset.filter(id=job_id), False
-        matches = (
-            Q(kind__icontains=term) | Q(idempotency_key__icontains=term) | Q(payload_text__icontains=term)
-        )
+        matches = Q(kind__icontains=term) | Q(idempotency_key__icontains=term)
+        if not request.user.has_perm(redaction.PERMISSION):
+            # Searching the payload would tell whether a redacted secret holds the term.
+            return queryset.filter(matches), False
+        matches |= Q(payload_text__icontains=term)
         return queryset.annotate(payload_text=Cast("payload", TextField())).filter(matches), False
 
     def run_action(self, request, queryset, action, matching):
@@ -278,6 +310,11 @@ class JobAdmin(QueueModelAdmin):
         needs_form = action.param is not None or action.name == "delete" or matching
         value = request.POST.get(action.param) if action.param else None
         error = None
+        if action.name == "edit_payload" and not request.user.has_perm(redaction.PERMISSION):
+            messages.error(
+                request, f"{action.label} refused: {operations.PAYLOAD_REFUSAL}. Nothing was changed."
+            )
+            return None
         if needs_form and request.POST.get("confirm") == "yes":
             try:
                 operations.clean(action, value)
@@ -293,6 +330,7 @@ class JobAdmin(QueueModelAdmin):
             value,
             actor=actor,
             may_run_shell=request.user.has_perm(validation.SHELL_PERMISSION),
+            may_edit_payload=request.user.has_perm(redaction.PERMISSION),
         )
         report(request, action, outcome)
         return None
@@ -354,7 +392,7 @@ class _AppendOnly(QueueModelAdmin):
 
 
 @admin.register(Event)
-class EventAdmin(_AppendOnly):
+class EventAdmin(_Redacted, _AppendOnly):
     list_display = ["id", "at", "job_link", "type", "from_state", "to_state", "attempt", "worker", "message"]
     list_filter = ["type"]
     search_fields = ["=job__id"]
@@ -384,7 +422,7 @@ class ResolvedFilter(admin.SimpleListFilter):
 
 
 @admin.register(DeadLetter)
-class DeadLetterAdmin(_AppendOnly):
+class DeadLetterAdmin(_Redacted, _AppendOnly):
     list_display = [
         "id",
         "job_link",
@@ -621,6 +659,7 @@ class ApiKeyAdmin(QueueModelAdmin):
         "can_write",
         "can_operate",
         "can_run_shell",
+        "can_see_unredacted",
         "expires_at",
         *readonly_fields[2:],
     ]

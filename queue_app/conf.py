@@ -126,6 +126,30 @@ DEFAULTS = {
     # Characters of each payload, result and error message a list row carries (the API's
     # and the dashboard's lists); the whole of them only on the job's own page.
     "LIST_PREVIEW_CHARS": 200,
+    # Redaction (ops/redaction.py), wherever a payload, result, error, traceback or output
+    # is shown to a caller without queue_app.view_unredacted_payload: a JSON key holding
+    # one of these words (any case, "-" as "_") has its value replaced, at any depth ...
+    "REDACT_KEYS": (
+        "password",
+        "passwd",
+        "token",
+        "secret",
+        "authorization",
+        "api_key",
+        "apikey",
+        "cookie",
+        "session",
+        "credential",
+        "private_key",
+    ),
+    # ... and every match of these regular expressions in a string is replaced: bearer
+    # tokens, our own API keys, user:password@ in URLs, key=value pairs.
+    "REDACT_PATTERNS": (
+        r"(?i)\bbearer\s+[A-Za-z0-9._~+/=-]{8,}",
+        r"\bjq_[A-Za-z0-9_-]{16,}",
+        r"(?<=://)[^/\s:@]+:[^/\s@]+(?=@)",
+        r"(?i)\b(?:password|passwd|pwd|secret|token|api[_-]?key)\s*[=:]\s*[^\s,;&\"']+",
+    ),
     "API_PAGE_SIZE": 50,
     "API_MAX_PAGE_SIZE": 500,
     # /health: fewer live workers than this is 503. Live means not stopped and not lost;

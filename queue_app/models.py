@@ -279,7 +279,10 @@ class Job(models.Model):
         # A shell job runs a command of the enqueuer's choosing on a worker: more than
         # add_job, which every writer has (web/api.py asks for it; API keys: can_run_shell).
         permissions = [
-            ("enqueue_shell_job", "Can enqueue, edit and requeue shell jobs (commands run on workers)")
+            ("enqueue_shell_job", "Can enqueue, edit and requeue shell jobs (commands run on workers)"),
+            # Without it every surface shows secrets in payloads, results, errors and
+            # output as [redacted] (ops/redaction.py), and payloads cannot be edited.
+            ("view_unredacted_payload", "Can see payloads, results, errors and output unredacted"),
         ]
         constraints = [
             models.CheckConstraint(
@@ -536,6 +539,8 @@ class ApiKey(models.Model):
     can_write = models.BooleanField(default=True)
     can_operate = models.BooleanField(default=True)
     can_run_shell = models.BooleanField(default=False)
+    # Sees payloads, results, errors and output as stored instead of redacted.
+    can_see_unredacted = models.BooleanField(default=False)
     # After this the key is refused, as a revoked one is; empty: it does not expire.
     expires_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
@@ -550,8 +555,13 @@ class ApiKey(models.Model):
 
     @property
     def scopes(self):
-        """Its scopes as words: read, write, operate, shell."""
-        flags = (("write", self.can_write), ("operate", self.can_operate), ("shell", self.can_run_shell))
+        """Its scopes as words: read, write, operate, shell, unredacted."""
+        flags = (
+            ("write", self.can_write),
+            ("operate", self.can_operate),
+            ("shell", self.can_run_shell),
+            ("unredacted", self.can_see_unredacted),
+        )
         return ["read", *(name for name, on in flags if on)]
 
 

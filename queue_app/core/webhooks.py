@@ -2,7 +2,9 @@
 terminal state (completed, dead_letter, cancelled).
 
 Delivery is itself a job of kind ``queue_app.webhook`` (delivery() builds it), enqueued
-by the terminal transition in the same transaction, so it survives restarts, retries with the usual
+by the terminal transition in the same transaction (its payload names only the finished
+job and its state; the body, and the URL, are read from the rows when it is sent,
+``deliver()``, so nobody who can reach a payload can choose what gets signed), so it survives restarts, retries with the usual
 backoff and ends in the dead-letter queue when the receiver never accepts: a receiver
 that is down for an hour still gets the call, and an operator can replay it.
 
@@ -46,7 +48,7 @@ from queue_app.conf import settings
 from queue_app.core import validation
 from queue_app.core.urls import address_allowed, check_url, host_allowed  # noqa: F401  (re-exported)
 from queue_app.exceptions import InvalidJob
-from queue_app.models import State
+from queue_app.models import Event, Job, State
 
 log = logging.getLogger("queue_app")
 
@@ -105,7 +107,7 @@ def delivery(job, state, now, *, result=None, error=None):
     try:
         req = validation.enqueue_request(
             KIND,
-            {"url": job.webhook_url, "body": body_for(job, state, now, result=result, error=error)},
+            {"job_id": job.id, "state": str(state)},
             now=now,
             reserved_ok=True,
             queue_name=settings.WEBHOOK_QUEUE or job.queue_name,
@@ -260,9 +262,40 @@ def headers_for(data, job, timestamp):
     return headers
 
 
-def deliver(payload, job):
-    """The ``queue_app.webhook`` handler: POST the body; raise (so the job retries) unless 2xx."""
-    data = json.dumps(payload["body"], separators=(",", ":"), sort_keys=True).encode()
+def source(payload, delivery_id):
+    """(URL, body) of the outcome a delivery job announces, read from the finished job's
+    row and the terminal event that enqueued this delivery (its metadata names it).
+    The payload only says which job and state; a payload from before that (``url`` and
+    ``body``) is read the same way, by the body's id and state."""
+    if not isinstance(payload, dict):
+        raise InvalidJob("a webhook delivery's payload names the finished job: {job_id, state}", "payload")
+    old = payload.get("body") if isinstance(payload.get("body"), dict) else {}
+    job_id, state = payload.get("job_id", old.get("id")), payload.get("state", old.get("state"))
+    job = Job.objects.filter(id=job_id).first() if isinstance(job_id, int) else None
+    if job is None or not job.webhook_url:
+        raise InvalidJob(f"webhook delivery {delivery_id}: job {job_id!r} no longer exists or has no webhook")
+    events = Event.objects.filter(job_id=job.id, to_state__in=TERMINAL).order_by("-id")
+    event = next((e for e in events if (e.metadata or {}).get("webhook") == delivery_id), None)
+    if event is not None:
+        state, finished, error = event.to_state, event.at, (event.metadata or {}).get("error")
+    elif state in TERMINAL:
+        finished, error = job.finished_at, job.last_error
+    else:
+        raise InvalidJob(f"webhook delivery {delivery_id}: {state!r} is not a finished state")
+    error = error if state == State.DEAD_LETTER else None
+    body = body_for(job, state, finished, result=job.result, error=error)
+    return job.webhook_url, body
+
+
+def send(url, body, job):
+    """POST ``body`` for delivery job ``job``, signed now; raise unless 2xx."""
+    data = json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
     # Signed now, not at enqueue: a retry an hour later must still fall inside the
     # receiver's tolerance window.
-    return {"status": post(payload["url"], data, headers_for(data, job, int(time.time())))}
+    return {"status": post(url, data, headers_for(data, job, int(time.time())))}
+
+
+def deliver(payload, job):
+    """The ``queue_app.webhook`` handler: POST the finished job's outcome; raise (so the
+    job retries) unless 2xx."""
+    return send(*source(payload, job.id), job)

@@ -19,6 +19,7 @@ from queue_app.conf import settings
 from queue_app.core import aborting, transitions, validation
 from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound
 from queue_app.models import Job, Schedule, State, Worker
+from queue_app.ops import redaction
 from queue_app.worker import schedules as scheduling
 
 log = logging.getLogger("queue_app")
@@ -124,9 +125,16 @@ def _shell_refused(action):
     )
 
 
-def apply(name, job_id, value=None, *, actor="", may_run_shell=True, using=None):
+# A payload shown redacted would be saved with its [redacted] markers in place of the
+# secrets: only a caller who sees it whole may edit it.
+PAYLOAD_REFUSAL = f"editing a payload needs the {redaction.PERMISSION} permission (it is shown redacted)"
+
+
+def apply(name, job_id, value=None, *, actor="", may_run_shell=True, may_edit_payload=True, using=None):
     """Apply one action to one job; raise InvalidJob, InvalidTransition or JobNotFound."""
     action = get(name)
+    if name == "edit_payload" and not may_edit_payload:
+        raise InvalidJob(PAYLOAD_REFUSAL, "payload")
     value = clean(action, value)
     db = using or router.db_for_write(Job)
     guarded = name in SHELL_GUARDED and not may_run_shell
@@ -146,6 +154,7 @@ def apply_many(
     *,
     actor="",
     may_run_shell=True,
+    may_edit_payload=True,
     batch_size=None,
     seconds=None,
     progress=_noop,
@@ -156,6 +165,8 @@ def apply_many(
     (SHELL_GUARDED) for a caller without ``may_run_shell``. ``progress(n)`` is called
     after each batch with the number of jobs it handled."""
     action = get(name)
+    if name == "edit_payload" and not may_edit_payload:
+        raise InvalidJob(PAYLOAD_REFUSAL, "payload")
     value = clean(action, value)
     out = Outcome()
     if name in SHELL_GUARDED and not may_run_shell:

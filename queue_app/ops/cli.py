@@ -96,6 +96,16 @@ class RawDescriptionDjangoFormatter(DjangoHelpFormatter, argparse.RawDescription
 # --- argument types (argparse turns ArgumentTypeError into "error: ..." and exit 2) ---
 
 
+def add_unredacted(parser):
+    """The --unredacted flag of the commands that print payloads, results and errors."""
+    parser.add_argument(
+        "--unredacted",
+        action="store_true",
+        help="Show payloads, results, errors and output as stored; by default secrets "
+        "(REDACT_KEYS, REDACT_PATTERNS) show as [redacted].",
+    )
+
+
 def duration(text):
     try:
         return durations.parse(text)

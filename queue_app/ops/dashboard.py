@@ -229,7 +229,7 @@ def workers_summary(now=None):
     return {"alive": alive, "lost": counts[LOST], "in_hand": counts["jobs_in_hand"]}
 
 
-def overview(now=None):
+def overview(now=None, *, unredacted=False):
     now = now or timezone.now()
     pending = pending_breakdown(now)
     counts, capped = reads.capped_state_counts(sum(pending[s] for s in PENDING_STATUSES))
@@ -241,7 +241,7 @@ def overview(now=None):
         "pending": pending,
         "workers": workers_summary(now),
         "chart": chart(*reads.completions_per_minute(now)),
-        "events": reads.latest_events(limit=15),
+        "events": reads.latest_events(limit=15, unredacted=unredacted),
         "paused": reads.pauses(),
     }
 

@@ -2,7 +2,9 @@
 so every surface counts and filters jobs and workers the same way. Statuses come from
 ``queue_app.models`` (``status_q``, ``Job.status``, ``Worker.status``); nothing here
 re-derives them. The dashboard and the API get model rows; the CLI gets plain dicts and
-lists, the shape ``--json`` prints.
+lists, the shape ``--json`` prints. What rows and dicts show of payloads, results, errors
+and output is redacted (``redaction``) unless the caller says ``unredacted=True``, which
+a surface says only for a principal holding ``redaction.PERMISSION``.
 
 Every function reads the store afresh. None counts the whole job table row by row on
 each request where an index can answer instead: state counts group over the (state,
@@ -10,7 +12,7 @@ kind) index, the pending breakdown reads only pending rows, lists page by keyset
 and fetch one row more than they show instead of counting.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 
 from django.core.paginator import Paginator
@@ -42,6 +44,7 @@ from queue_app.models import (
     Worker,
     status_q,
 )
+from queue_app.ops import redaction
 
 # Stored states, in the order every surface shows them.
 STATES = (State.PENDING, State.LEASED, State.COMPLETED, State.DEAD_LETTER, State.CANCELLED)
@@ -81,6 +84,9 @@ class Filters:
     q: str | None = None
     text: str | None = None
     schedule: str | None = None
+    # False for a reader who sees payloads redacted: ``text`` then matches the exception
+    # type only, or searching would tell them what a redacted value holds.
+    unredacted: bool = True
 
     def __post_init__(self):
         for name in ("kind", "queue", "q", "text", "schedule"):
@@ -109,7 +115,9 @@ class Filters:
         if self.schedule:
             # A schedule's jobs carry keys "schedule:<name>:<tick>" (worker.schedules).
             qs = qs.filter(idempotency_key__startswith=f"schedule:{self.schedule}:")
-        if self.text and self.text.strip():
+        if self.text and self.text.strip() and not self.unredacted:
+            qs = qs.filter(last_error__type__icontains=self.text.strip())
+        elif self.text and self.text.strip():
             term = self.text.strip()
             # alias, not annotate: the text is compared, never sent back with the row.
             qs = qs.alias(
@@ -345,13 +353,17 @@ def _previewed(qs, **json_fields):
     return qs.defer(*json_fields).annotate(**annotations)
 
 
-def job_page(filters=None, *, before=None, size=None, now=None):
+def _shown(page, unredacted):
+    return page if unredacted else replace(page, rows=redaction.rows(page.rows, False))
+
+
+def job_page(filters=None, *, before=None, size=None, now=None, unredacted=False):
     """Jobs matching ``filters``, newest first, each with its status read in the same query
     and its payload, result and error as bounded previews (_previewed)."""
     now = now or timezone.now()
     qs = (filters or Filters()).apply(Job.objects.with_status(now), now)
     qs = _previewed(qs, payload=False, result=False, last_error=True).defer("metadata")
-    return _keyset(qs, before, size or settings.DASHBOARD_PAGE_SIZE)
+    return _shown(_keyset(qs, before, size or settings.DASHBOARD_PAGE_SIZE), unredacted)
 
 
 def kind_of(job_id):
@@ -359,17 +371,24 @@ def kind_of(job_id):
     return Job.objects.filter(id=job_id).values_list("kind", flat=True).first()
 
 
-def job_detail(job_id):
+def job_detail(job_id, *, unredacted=False):
     """The job with its whole timeline and dead letters, or None."""
     # Prefetched in the models' own orders (events oldest first, dead letters newest
     # first), so the API's serializer reads the same rows without asking again.
     found = Job.objects.with_status().prefetch_related("events", "dead_letters").filter(id=job_id).first()
     if found is None:
         return None
-    return {"job": found, "events": list(found.events.all()), "dead_letters": list(found.dead_letters.all())}
+    events, letters = found.events.all(), found.dead_letters.all()
+    if not unredacted:
+        found = redaction.row(found)
+    return {
+        "job": found,
+        "events": redaction.rows(events, unredacted),
+        "dead_letters": redaction.rows(letters, unredacted),
+    }
 
 
-def latest_events(filters=None, *, limit=15):
+def latest_events(filters=None, *, limit=15, unredacted=False):
     """The latest events with their jobs, newest first (kind and queue filters only)."""
     # Only what the rows show of each job: its payload, result and error may be megabytes.
     qs = (
@@ -388,7 +407,7 @@ def latest_events(filters=None, *, limit=15):
         qs = qs.filter(job__kind=filters.kind)
     if filters and filters.queue:
         qs = qs.filter(job__queue_name=filters.queue)
-    return list(qs[:limit])
+    return redaction.rows(qs[:limit], unredacted)
 
 
 def _dead_letters(resolved, kind=None, error_type=None):
@@ -402,11 +421,11 @@ def _dead_letters(resolved, kind=None, error_type=None):
     return qs
 
 
-def dead_letter_page(*, resolved=False, kind=None, error_type=None, before=None, size=None):
+def dead_letter_page(*, resolved=False, kind=None, error_type=None, before=None, size=None, unredacted=False):
     """Dead letters, newest first: unresolved ones, or resolved ones; of one kind and
     one exception type when given."""
     qs = _previewed(_dead_letters(resolved, kind, error_type), payload=False, error=True)
-    return _keyset(qs, before, size or settings.DASHBOARD_PAGE_SIZE)
+    return _shown(_keyset(qs, before, size or settings.DASHBOARD_PAGE_SIZE), unredacted)
 
 
 def dead_letter_groups(*, resolved=False, kind=None, limit=20):
@@ -533,27 +552,28 @@ def counts(filters=None, now=None):
     return {"states": state_counts(qs), "pending": pending}
 
 
-def jobs(filters=None, *, limit=20, now=None):
+def jobs(filters=None, *, limit=20, now=None, unredacted=False):
     """The newest jobs matching ``filters``."""
     now = now or timezone.now()
     qs = (filters or Filters()).apply(Job.objects.with_status(now), now)
-    return [job_dict(j) for j in qs.order_by("-id")[:limit]]
+    return redaction.data([job_dict(j) for j in qs.order_by("-id")[:limit]], unredacted)
 
 
-def recent_events(filters=None, *, limit=10):
+def recent_events(filters=None, *, limit=10, unredacted=False):
     """The latest events, newest first, of jobs matching the kind and queue filters."""
-    return [{**event_dict(e), "kind": e.job.kind} for e in latest_events(filters, limit=limit)]
+    rows = latest_events(filters, limit=limit, unredacted=unredacted)
+    return [{**event_dict(e), "kind": e.job.kind} for e in rows]
 
 
-def snapshot(filters=None, *, limit=20, events=10, now=None):
+def snapshot(filters=None, *, limit=20, events=10, now=None, unredacted=False):
     """What `inspect` shows: counts, the latest jobs and the latest events."""
     now = now or timezone.now()
     return {
         "at": now,
         "filters": {"state": filters.state, "kind": filters.kind, "queue": filters.queue} if filters else {},
         **counts(filters, now),
-        "jobs": jobs(filters, limit=limit, now=now),
-        "events": recent_events(filters, limit=events),
+        "jobs": jobs(filters, limit=limit, now=now, unredacted=unredacted),
+        "events": recent_events(filters, limit=events, unredacted=unredacted),
     }
 
 
@@ -576,7 +596,7 @@ def status(now=None):
     }
 
 
-def history(job_id):
+def history(job_id, *, unredacted=False):
     """A job, its whole event timeline, and one entry per attempt with its outcome."""
     job = Job.objects.with_status().filter(id=job_id).first()
     if job is None:
@@ -616,7 +636,7 @@ def history(job_id):
                 # Only the last completion's value is stored on the job.
                 current["result"] = job.result
             current = None
-    return {
+    out = {
         "job": job_dict(job),
         "events": [event_dict(e) for e in events],
         "attempts": attempts,
@@ -633,9 +653,10 @@ def history(job_id):
             for d in job.dead_letters.order_by("id")
         ],
     }
+    return redaction.data(out, unredacted)
 
 
-def dead_letters(*, kind=None, since=None, include_resolved=False, limit=50, now=None):
+def dead_letters(*, kind=None, since=None, include_resolved=False, limit=50, now=None, unredacted=False):
     """Dead letters, newest first; ``since`` is seconds back from now."""
     now = now or timezone.now()
     qs = DeadLetter.objects.order_by("-id")
@@ -645,7 +666,7 @@ def dead_letters(*, kind=None, since=None, include_resolved=False, limit=50, now
         qs = qs.filter(kind=kind)
     if since is not None:
         qs = qs.filter(created_at__gte=now - timedelta(seconds=since))
-    return [
+    rows = [
         {
             "id": d.id,
             "job_id": d.job_id,
@@ -660,3 +681,4 @@ def dead_letters(*, kind=None, since=None, include_resolved=False, limit=50, now
         }
         for d in qs[:limit]
     ]
+    return redaction.data(rows, unredacted)

@@ -30,7 +30,7 @@ from queue_app.models import (
     State,
     attach_statuses,
 )
-from queue_app.ops import metrics, reads
+from queue_app.ops import metrics, reads, redaction
 from queue_app.web.auth import SHELL_PERMISSION, Principal, authenticate
 
 MAX_ID = 2**63 - 1
@@ -420,6 +420,26 @@ def _need_shell_for(request, job_id):
         _need_shell(request, kind, {})
 
 
+def _shown(request, jobs):
+    """Jobs as the caller may see them: redacted (ops/redaction.py) unless it holds the
+    unredacted permission or key scope."""
+    return redaction.rows(jobs, request.auth.unredacted)
+
+
+def _shown_one(request, job):
+    return _shown(request, [job])[0]
+
+
+class _WithEvents:
+    """A job read with the timeline given (the shown rows), not its own related manager's."""
+
+    def __init__(self, job, events):
+        self._job, self.events = job, events
+
+    def __getattr__(self, name):
+        return getattr(self._job, name)
+
+
 def _options(job: JobIn):
     data = job.model_dump(exclude_unset=True)
     data.pop("strict", None)
@@ -450,7 +470,7 @@ def create_job(request: HttpRequest, job: JobIn = Body(...)):
     if job.strict and not created.was_created:
         message = f"idempotency_key matches job {created.id} ({created.state}); it was not enqueued again"
         return Status(409, {"error": message, "field": "idempotency_key", "job_id": created.id})
-    return Status(201 if created.was_created else 200, created)
+    return Status(201 if created.was_created else 200, _shown_one(request, created))
 
 
 @api.post("/jobs/bulk", response={201: list[JobOut], **WRITE_REFUSALS}, tags=["jobs"])
@@ -467,7 +487,7 @@ def create_jobs(request: HttpRequest, body: BulkIn):
             raise InvalidJob(f"job {i}: {exc}", exc.field) from None
         _need_shell(request, kind, options)
         specs.append({"kind": kind, "payload": payload, **options})
-    return Status(201, attach_statuses(enqueueing.bulk_enqueue(specs)))
+    return Status(201, _shown(request, attach_statuses(enqueueing.bulk_enqueue(specs))))
 
 
 @api.get("/jobs", response={200: JobPage, **REFUSALS}, tags=["jobs"])
@@ -487,7 +507,7 @@ def list_jobs(
     filters = reads.Filters(
         state=status or state, kind=_name_filter(kind, "kind"), queue=_name_filter(queue, "queue")
     )
-    page = reads.job_page(filters, before=before, size=_limit(limit))
+    page = reads.job_page(filters, before=before, size=_limit(limit), unredacted=request.auth.unredacted)
     return {"items": page.rows, "next_before": page.older}
 
 
@@ -495,10 +515,10 @@ def list_jobs(
 def get_job(request: HttpRequest, job_id: int = JobId):
     """One job with its whole event timeline."""
     _need_view(request, "queue_app.view_job")
-    found = reads.job_detail(job_id)
+    found = reads.job_detail(job_id, unredacted=request.auth.unredacted)
     if found is None:
         raise JobNotFound(job_id)
-    return found["job"]
+    return _WithEvents(found["job"], found["events"])
 
 
 @api.delete(
@@ -511,7 +531,7 @@ def cancel_job(request: HttpRequest, job_id: int = JobId):
     (202: it ends cancelled when its handler stops or is killed); 409 when it has finished."""
     actor = _need(request, "queue_app.change_job")
     job = aborting.cancel(job_id, actor=actor, reason="cancelled over the API")
-    return Status(202 if job.state == State.LEASED else 200, job)
+    return Status(202 if job.state == State.LEASED else 200, _shown_one(request, job))
 
 
 @api.post(
@@ -530,7 +550,7 @@ def requeue_job(request: HttpRequest, job_id: int = JobId, body: RequeueIn | Non
             kwargs["payload"] = {} if fields["payload"] is None else fields["payload"]
         if fields.get("max_attempts") is not None:
             kwargs["max_attempts"] = fields["max_attempts"]
-    return transitions.requeue(job_id, actor=actor, **kwargs)
+    return _shown_one(request, transitions.requeue(job_id, actor=actor, **kwargs))
 
 
 # --- stats, dead letters, workers ------------------------------------------------------------
@@ -568,7 +588,9 @@ def list_dead_letters(
 ):
     """Dead letters, newest first: unresolved unless ?resolved=true."""
     _need_view(request, "queue_app.view_deadletter")
-    page = reads.dead_letter_page(resolved=resolved, before=before, size=_limit(limit))
+    page = reads.dead_letter_page(
+        resolved=resolved, before=before, size=_limit(limit), unredacted=request.auth.unredacted
+    )
     return {"items": page.rows, "next_before": page.older}
 
 
@@ -587,7 +609,7 @@ def replay_dead_letter(request: HttpRequest, letter_id: int = Path(..., ge=1, le
         message = f"dead letter {letter_id} was already {letter.resolution or 'resolved'}"
         return Status(409, {"error": message, "field": None})
     _need_shell_for(request, letter.job_id)
-    return transitions.requeue(letter.job_id, actor=actor)
+    return _shown_one(request, transitions.requeue(letter.job_id, actor=actor))
 
 
 @api.get("/workers", response={200: list[WorkerOut], **REFUSALS}, tags=["queue"])

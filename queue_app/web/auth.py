@@ -15,6 +15,7 @@ from django.utils import timezone
 from queue_app.core.validation import SHELL_PERMISSION
 from queue_app.exceptions import QueueError
 from queue_app.models import ApiKey
+from queue_app.ops import redaction
 
 PREFIX = "jq_"
 # The ApiKey flags a key needs for the write a permission guards: enqueuing is "write";
@@ -23,7 +24,7 @@ KEY_SCOPES = {
     "queue_app.add_job": ("can_write",),
     SHELL_PERMISSION: ("can_write", "can_run_shell"),
 }
-SCOPES = ("read", "write", "operate", "shell")
+SCOPES = ("read", "write", "operate", "shell", "unredacted")
 # last_used_at is refreshed at most this often, so reads do not write on every call.
 _TOUCH_EVERY = timedelta(minutes=1)
 
@@ -46,6 +47,14 @@ class Principal:
         if self.user is not None:
             return self.user.has_perm(perm)
         return True
+
+    @property
+    def unredacted(self):
+        """Whether this caller sees payloads, results, errors and output unredacted: a
+        user holding redaction.PERMISSION, or a key with the unredacted scope."""
+        if self.key is not None:
+            return self.key.can_see_unredacted
+        return self.user is not None and self.user.has_perm(redaction.PERMISSION)
 
     def can(self, perm):
         """True when this caller may perform a write guarded by ``perm``: a user holding
@@ -85,6 +94,7 @@ def create(name, *, scopes=("read", "write", "operate"), expires_in=None):
                 can_write="write" in scopes,
                 can_operate="operate" in scopes,
                 can_run_shell="shell" in scopes,
+                can_see_unredacted="unredacted" in scopes,
                 expires_at=None if expires_in is None else timezone.now() + timedelta(seconds=expires_in),
             )
     except IntegrityError:

@@ -22,7 +22,7 @@ from queue_app.core import flow
 from queue_app.core.validation import SHELL_PERMISSION
 from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound
 from queue_app.ops import actions as operations
-from queue_app.ops import dashboard, reads
+from queue_app.ops import dashboard, reads, redaction
 
 
 def _perm(codename):
@@ -39,8 +39,13 @@ def _perm(codename):
     return decorate
 
 
+def _unredacted(request):
+    return request.user.has_perm(redaction.PERMISSION)
+
+
 def _page(request, template, context, *, live=True):
     context.update(
+        unredacted=_unredacted(request),
         refresh_seconds=settings.DASHBOARD_REFRESH_SECONDS if live else 0,
         can_change=request.user.has_perm("queue_app.change_job"),
         can_delete=request.user.has_perm("queue_app.delete_job"),
@@ -56,7 +61,9 @@ def _cursor(request):
 
 @_perm("queue_app.view_job")
 def overview(request):
-    return _page(request, "overview.html", {"nav": "overview", **dashboard.overview()})
+    return _page(
+        request, "overview.html", {"nav": "overview", **dashboard.overview(unredacted=_unredacted(request))}
+    )
 
 
 @_perm("queue_app.view_job")
@@ -65,13 +72,14 @@ def jobs(request):
         k: request.GET.get(k, "").strip() for k in ("status", "kind", "queue", "q", "text", "schedule")
     }
     narrow = {k: filters[k] for k in ("kind", "queue", "q", "text", "schedule")}
+    narrow["unredacted"] = _unredacted(request)
     try:
         chosen = reads.Filters(state=filters["status"] or None, **narrow)
     except InvalidJob as exc:
         messages.error(request, f"{exc}; showing every status.")
         filters["status"] = ""
         chosen = reads.Filters(**narrow)
-    page = reads.job_page(chosen, before=_cursor(request))
+    page = reads.job_page(chosen, before=_cursor(request), unredacted=_unredacted(request))
     query = urlencode({k: v for k, v in filters.items() if v})
     context = {
         "nav": "jobs",
@@ -85,7 +93,7 @@ def jobs(request):
 
 
 def _job_page(request, job_id, *, payload_draft=None, status=200):
-    found = reads.job_detail(job_id)
+    found = reads.job_detail(job_id, unredacted=_unredacted(request))
     if found is None:
         raise Http404(f"job {job_id} does not exist")
     entries = dashboard.timeline(found["events"])
@@ -126,6 +134,7 @@ def job_action(request, job_id, action):
             value,
             actor=f"admin:{request.user.get_username()}",
             may_run_shell=request.user.has_perm(SHELL_PERMISSION),
+            may_edit_payload=_unredacted(request),
         )
     except (InvalidJob, InvalidTransition) as exc:
         messages.error(request, f"{chosen.label} refused: {exc}")
@@ -146,7 +155,11 @@ def dead_letters(request):
     resolved = request.GET.get("resolved") == "1"
     kind, error_type = request.GET.get("kind", "").strip(), request.GET.get("error", "").strip()
     page = reads.dead_letter_page(
-        resolved=resolved, kind=kind, error_type=error_type, before=_cursor(request)
+        resolved=resolved,
+        kind=kind,
+        error_type=error_type,
+        before=_cursor(request),
+        unredacted=_unredacted(request),
     )
     chosen = {"resolved": "1" if resolved else "", "kind": kind, "error": error_type}
     context = {

@@ -167,7 +167,7 @@ def test_a_name_that_resolves_to_loopback_is_refused_at_delivery(settings, plain
     url = f"http://localhost:{plain_server.port}/hook"
     webhooks.check_url(url)  # a name passes the enqueue-time check: only its addresses can tell
     with pytest.raises(webhooks.DeliveryFailed, match="resolves to 127.0.0.1: not public"):
-        webhooks.deliver({"url": url, "body": BODY}, DELIVERY)
+        webhooks.send(url, BODY, DELIVERY)
     assert plain_server.hosts == []
 
 
@@ -176,7 +176,7 @@ def test_a_name_that_resolves_into_an_allowed_network_is_delivered_with_its_own_
 ):
     allow(settings, ["localhost"], ["127.0.0.0/8"])
     url = f"http://localhost:{plain_server.port}/hook"
-    assert webhooks.deliver({"url": url, "body": BODY}, DELIVERY) == {"status": 204}
+    assert webhooks.send(url, BODY, DELIVERY) == {"status": 204}
     assert plain_server.hosts == [f"localhost:{plain_server.port}"]
 
 
@@ -198,9 +198,9 @@ def test_https_connects_to_the_vetted_address_but_sends_and_checks_the_host_name
     url = f"https://localhost:{tls_server.port}/hook"
     # The certificate is not trusted yet: verification is on.
     with pytest.raises(webhooks.DeliveryFailed, match="CERTIFICATE_VERIFY_FAILED"):
-        webhooks.deliver({"url": url, "body": BODY}, DELIVERY)
+        webhooks.send(url, BODY, DELIVERY)
     monkeypatch.setenv("SSL_CERT_FILE", str(tls_server.cert))
-    assert webhooks.deliver({"url": url, "body": BODY}, DELIVERY) == {"status": 204}
+    assert webhooks.send(url, BODY, DELIVERY) == {"status": 204}
     assert tls_server.sni[-1] == "localhost"
     assert tls_server.hosts == [f"localhost:{tls_server.port}"]
 
@@ -209,7 +209,7 @@ def test_https_to_an_ip_the_certificate_does_not_name_fails(settings, tls_server
     allow(settings, ["127.0.0.1"], ["127.0.0.1/32"])
     monkeypatch.setenv("SSL_CERT_FILE", str(tls_server.cert))
     with pytest.raises(webhooks.DeliveryFailed, match="IP address mismatch|doesn't match"):
-        webhooks.deliver({"url": f"https://127.0.0.1:{tls_server.port}/hook", "body": BODY}, DELIVERY)
+        webhooks.send(f"https://127.0.0.1:{tls_server.port}/hook", BODY, DELIVERY)
     assert tls_server.hosts == []
 
 

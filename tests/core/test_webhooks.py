@@ -139,7 +139,10 @@ def test_a_finished_job_enqueues_its_delivery_in_the_same_transaction(hooks, rec
     run_one(kinds=["add"])
     delivery = Job.objects.get(kind=webhooks.KIND)
     assert Event.objects.get(job_id=job.id, type="completed").metadata == {"webhook": delivery.id}
-    body = delivery.payload["body"]
+    # The payload only names the job and its state: the body is read when it is sent.
+    assert delivery.payload == {"job_id": job.id, "state": "completed"}
+    assert run_one().state == State.COMPLETED
+    body = json.loads(receiver.calls[0][1])
     assert (
         body["id"] == job.id
         and body["state"] == "completed"
@@ -147,6 +150,47 @@ def test_a_finished_job_enqueues_its_delivery_in_the_same_transaction(hooks, rec
         and body["attempts"] == 1
     )
     assert body["error"] is None and body["finished_at"]
+
+
+def _sent(receiver):
+    headers, raw = receiver.calls[-1]
+    stamp = headers[webhooks.TIMESTAMP_HEADER]
+    assert webhooks.verify(raw, headers[webhooks.SIGNATURE_HEADER], SECRET, now=int(stamp))
+    return json.loads(raw)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "forged",
+    [
+        {"job_id": "{id}", "state": "completed", "body": {"id": 1, "state": "completed", "result": "forged"}},
+        {"url": "http://127.0.0.1:1/elsewhere", "body": {"id": "{id}", "state": "completed", "result": "x"}},
+    ],
+)
+def test_a_delivery_whose_payload_was_tampered_with_still_signs_the_real_rows(hooks, receiver, forged):
+    job = enqueue("boom", {"message": "nope"}, max_attempts=1, webhook_url=receiver.url)
+    run_one()
+    delivery = Job.objects.get(kind=webhooks.KIND)
+    # Written straight into the database: no route lets a payload like this in.
+    forged = json.loads(json.dumps(forged).replace('"{id}"', str(job.id)))
+    Job.objects.filter(id=delivery.id).update(payload=forged)
+
+    assert run_one().state == State.COMPLETED
+    body = _sent(receiver)
+    assert (body["id"], body["state"], body["result"]) == (job.id, "dead_letter", None)
+    assert body["error"]["message"] == "nope"
+    assert len(receiver.calls) == 1  # to the job's own webhook_url, not the forged one
+
+
+@pytest.mark.django_db
+def test_a_delivery_enqueued_before_payloads_named_the_job_is_still_sent_from_the_row(hooks, receiver):
+    job = enqueue("add", {"a": 1, "b": 2}, webhook_url=receiver.url)
+    run_one(kinds=["add"])
+    delivery = Job.objects.get(kind=webhooks.KIND)
+    old = {"url": receiver.url, "body": {"id": job.id, "state": "completed", "result": 3}}
+    Job.objects.filter(id=delivery.id).update(payload=old)
+    assert run_one().state == State.COMPLETED
+    assert (_sent(receiver)["id"], _sent(receiver)["result"]) == (job.id, 3)
 
 
 @pytest.fixture
@@ -289,7 +333,9 @@ def test_a_retry_is_signed_afresh_with_its_own_timestamp_under_the_same_delivery
 def test_cancel_is_reported_too(hooks, receiver):
     job = enqueue("echo", webhook_url=receiver.url)
     transitions.cancel(job.id)
-    assert Job.objects.get(kind=webhooks.KIND).payload["body"]["state"] == "cancelled"
+    assert Job.objects.get(kind=webhooks.KIND).payload["state"] == "cancelled"
+    assert run_one().state == State.COMPLETED
+    assert _sent(receiver)["state"] == "cancelled" and _sent(receiver)["error"] is None
 
 
 @pytest.mark.django_db

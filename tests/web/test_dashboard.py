@@ -46,7 +46,13 @@ def viewer(client):
 
 @pytest.fixture
 def operator(client):
-    perms = [*READ, "queue_app.change_job", "queue_app.delete_job", "queue_app.change_worker"]
+    perms = [
+        *READ,
+        "queue_app.change_job",
+        "queue_app.delete_job",
+        "queue_app.change_worker",
+        "queue_app.view_unredacted_payload",
+    ]
     client.force_login(make_staff("op", *perms))
     return client
 
@@ -304,7 +310,20 @@ def test_viewer_cannot_stop_a_worker(viewer):
     assert Worker.objects.get(id=worker.id).stop_requested_at is None
 
 
-def test_jobs_can_be_found_by_text_in_their_payload_or_their_error(viewer):
+def test_without_the_unredacted_permission_text_search_matches_the_exception_type_only(viewer):
+    JobFactory(kind="email", payload={"password": "hunter2"})
+    typed = JobFactory(kind="sync", last_error={"type": "ConnectionError", "message": "token=abc"})
+    found = [j.id for j in viewer.get(url("jobs"), {"text": "hunter2"}).context["page"].rows]
+    assert found == []  # a search would tell what the [redacted] value holds
+    assert [j.id for j in viewer.get(url("jobs"), {"text": "token=abc"}).context["page"].rows] == []
+    assert [j.id for j in viewer.get(url("jobs"), {"text": "connectionerr"}).context["page"].rows] == [
+        typed.id
+    ]
+
+
+def test_jobs_can_be_found_by_text_in_their_payload_or_their_error(client):
+    viewer = client
+    viewer.force_login(make_staff("seer", *READ, "queue_app.view_unredacted_payload"))
     hit_payload = JobFactory(kind="email", payload={"to": "ops@example.com", "note": "Quarterly REPORT"})
     hit_error = JobFactory(kind="sync", last_error={"type": "ConnectionError", "message": "refused"})
     JobFactory(kind="email", payload={"to": "x@example.com"}, last_error={"type": "ValueError"})

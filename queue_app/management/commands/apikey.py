@@ -15,6 +15,7 @@ class Command(cli.QueueCommand):
   manage.py apikey create grafana --read-only     # scopes: read
   manage.py apikey create ci --scopes read,write --expires 30d   # enqueue only, for 30 days
   manage.py apikey create ops-runner --shell        # may also enqueue shell jobs
+  manage.py apikey create auditor --scopes read,unredacted   # reads secrets too
   manage.py apikey list
   manage.py apikey revoke deploy-bot
   curl -H "X-API-Key: $KEY" http://127.0.0.1:8000/api/jobs
@@ -30,7 +31,8 @@ Exit status 2 for a bad or duplicate name, or revoking a key that is not active
             "--scopes",
             default="read,write,operate",
             help="Comma-separated, of read (always), write (enqueue), operate (cancel, requeue, "
-            "replay, pause, resume), shell (shell jobs too). Default: read,write,operate.",
+            "replay, pause, resume), shell (shell jobs too), unredacted (payloads, results and "
+            "errors as stored, secrets included). Default: read,write,operate.",
         )
         create.add_argument("--read-only", action="store_true", help="Scopes: read only.")
         create.add_argument(

@@ -28,10 +28,15 @@ resolved_at, resolution}."""
             "--limit", type=cli.positive_int, default=50, help="At most this many (default 50)."
         )
         parser.add_argument("--json", action="store_true", help="Print JSON.")
+        cli.add_unredacted(parser)
 
     def handle(self, *args, **o):
         rows = inspection.dead_letters(
-            kind=o["kind"], since=o["since"], include_resolved=o["all"], limit=o["limit"]
+            kind=o["kind"],
+            since=o["since"],
+            include_resolved=o["all"],
+            limit=o["limit"],
+            unredacted=o["unredacted"],
         )
         if o["json"]:
             self.stdout.write(cli.dumps(rows))

@@ -21,10 +21,11 @@ last OUTPUT_MAX_BYTES of each stream). Exit status 2 if the job does not exist."
     def add_arguments(self, parser):
         parser.add_argument("job_id", type=cli.job_id, metavar="ID", help="The job's id.")
         parser.add_argument("--json", action="store_true", help="Print JSON.")
+        cli.add_unredacted(parser)
 
     def handle(self, *args, **o):
         try:
-            data = inspection.history(o["job_id"])
+            data = inspection.history(o["job_id"], unredacted=o["unredacted"])
         except JobNotFound as exc:
             raise cli.bad_input(str(exc)) from None
         if o["json"]:

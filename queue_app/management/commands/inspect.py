@@ -36,6 +36,7 @@ and its status), events [event...]; times are ISO 8601."""
             help="Recent events to list (default 10; 0 for none).",
         )
         parser.add_argument("--json", action="store_true", help="Print JSON.")
+        cli.add_unredacted(parser)
 
     def handle(self, *args, **o):
         if o["events"] < 0:
@@ -44,7 +45,7 @@ and its status), events [event...]; times are ISO 8601."""
             filters = inspection.Filters(state=o["state"], kind=o["kind"], queue=o["queue"])
         except InvalidJob as exc:
             raise cli.bad_input(str(exc)) from None
-        data = inspection.snapshot(filters, limit=o["limit"], events=o["events"])
+        data = inspection.snapshot(filters, limit=o["limit"], events=o["events"], unredacted=o["unredacted"])
         if o["json"]:
             self.stdout.write(cli.dumps(data))
             return
