@@ -1028,9 +1028,10 @@ def request_abort(job_id, *, actor="", reason="", using=None):
     return job
 
 
-def abort(job_id, *, worker_id, attempt, how, error=None, using=None):
+def abort(job_id, *, worker_id, attempt, how, error=None, output=None, using=None):
     """Cancel a leased job whose abort was requested, once its handler has stopped (or
-    its process was killed); return False if this worker no longer holds it."""
+    its process was killed); return False if this worker no longer holds it. ``output``
+    is what the attempt printed, kept on the event as the other endings keep it."""
     db = _db(using)
     now = timezone.now()
     with transaction.atomic(using=db):
@@ -1062,7 +1063,7 @@ def abort(job_id, *, worker_id, attempt, how, error=None, using=None):
             attempt=attempt,
             worker=worker_id,
             message=f"aborted: {how}",
-            metadata={**meta, **_follow_ups(db, job, State.CANCELLED, now)},
+            metadata=_with_output({**meta, **_follow_ups(db, job, State.CANCELLED, now)}, output),
         ).save(using=db)
     return True
 

@@ -117,7 +117,7 @@ def settle_failure(job, worker_id, exc, output, *, using=None):
     (None if the lease was lost). Call it in the except block: task_finished goes out
     here for a django.tasks job, and Django's logger wants exc_info."""
     if isinstance(exc, running.Aborted):
-        return _settled(job, aborted(job, worker_id, exc, using=using), using)
+        return _settled(job, aborted(job, worker_id, exc, output=output.value(), using=using), using)
     if isinstance(exc, Snooze):
         snoozes = transitions.snooze(
             job.id,
@@ -166,8 +166,9 @@ def claimed(jobs, now):
     return jobs
 
 
-def aborted(job, worker_id, exc, *, using=None):
-    """Settle a job whose handler ended after its abort was requested: it is cancelled."""
+def aborted(job, worker_id, exc, *, output=None, using=None):
+    """Settle a job whose handler ended after its abort was requested: it is cancelled,
+    with what the attempt printed on its event as every other ending keeps it."""
     log.info("aborted id=%s kind=%s attempt=%s: the handler %s", job.id, job.kind, job.attempts, exc.how)
     error = events.error_info(exc.error) if exc.error is not None else None
     done = transitions.abort(
@@ -176,6 +177,7 @@ def aborted(job, worker_id, exc, *, using=None):
         attempt=job.attempts,
         how=f"the handler {exc.how} after the abort request",
         error=error,
+        output=output,
         using=using,
     )
     return "cancelled" if done else None

@@ -52,6 +52,7 @@ def spinning(payload):
 
 def self_cancelling(payload, job):
     """Ask for its own abort, then wait to be told (no supervisor: the row is read)."""
+    print("cleaning up before the abort")
     aborting.cancel(job.id, actor="itself")
     ctx = current_job()
     end = time.monotonic() + 10
@@ -181,6 +182,9 @@ def test_without_a_supervisor_the_handler_sees_its_abort_from_the_row(settings):
 
     assert done.state == State.CANCELLED
     assert types(job) == ABORTED
+    # What the aborted attempt printed stays with its event, as on every other ending.
+    cancelled = Job.objects.get(id=job.id).events.get(type=EventType.CANCELLED)
+    assert "cleaning up before the abort" in cancelled.metadata["output"]["stdout"]
 
 
 def test_cancel_of_a_pending_job_cancels_it_at_once():
