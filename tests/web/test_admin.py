@@ -152,6 +152,14 @@ def test_list_shows_a_capped_count_past_the_threshold(viewer, settings):
     assert b"more than 3 jobs" in response.content
 
 
+def test_search_and_select_all_say_more_than_the_cap_not_the_cap_plus_one(operator, settings):
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "OPS_COUNT_CAP": 3, "DASHBOARD_PAGE_SIZE": 2}
+    JobFactory.create_batch(5, kind="email")
+    page = operator.get(changelist("?q=email")).content.decode()
+    assert "more than 3 results" in page and "4 results" not in page
+    assert "Select all (more than 3) jobs" in page and "All (more than 3) selected" in page
+
+
 # --- actions ---------------------------------------------------------------------------------
 
 
