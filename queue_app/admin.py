@@ -207,6 +207,10 @@ class DeadLetterInline(_ReadOnlyInline):
     readonly_fields = fields
 
 
+def _unfiltered(request):
+    return not any(k not in UNFILTERING for k in request.GET)
+
+
 def report(request, action, outcome):
     """Tell the operator what a batched action did, and whether to run it again."""
     text = f"{action.label}: {outcome.done} job{'s' if outcome.done != 1 else ''} done"
@@ -315,6 +319,14 @@ class JobAdmin(_Redacted, QueueModelAdmin):
                 request, f"{action.label} refused: {operations.PAYLOAD_REFUSAL}. Nothing was changed."
             )
             return None
+        if matching and _unfiltered(request):
+            # "Every job matching the filter" with no filter is every job in the table.
+            messages.error(
+                request,
+                f"{action.label} refused: no filter or search is set, so it would touch every job. "
+                "Narrow the list first, or select the jobs. Nothing was changed.",
+            )
+            return None
         if needs_form and request.POST.get("confirm") == "yes":
             try:
                 operations.clean(action, value)
@@ -351,7 +363,6 @@ class JobAdmin(_Redacted, QueueModelAdmin):
             "selected": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
             "count": count,
             "capped": count > cap,
-            "unfiltered": matching and not any(k not in UNFILTERING for k in request.GET),
             "value": "" if value is None else value,
             "error": error,
         }
