@@ -78,6 +78,9 @@ DEFAULTS = {
     "HEARTBEAT_INTERVAL": None,
     # Times a job may snooze (its handler raises Snooze) before a snooze fails its attempt.
     "MAX_SNOOZES": 100,
+    # Attempts of one job that may end with its worker process dead (a crash, an OOM kill,
+    # a timeout kill) before it is dead-lettered as "poison", whatever attempts it has left.
+    "MAX_CRASHES": 3,
     # Seconds between sweeps for expired leases (one also runs at start-up).
     "RECOVERY_INTERVAL": 15.0,
     # Times recovery may give a job its attempt back because its row never showed the

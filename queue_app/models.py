@@ -233,6 +233,10 @@ class Job(models.Model):
     # most RECOVERY_RETURNS times (``returned_attempts``).
     started_attempt = models.PositiveIntegerField(null=True, blank=True)
     returned_attempts = models.PositiveIntegerField(null=True, blank=True)
+    # Attempts that ended with their worker process dead (a crash: os._exit, a signal, an
+    # OOM kill) or killed for its timeout, counted apart from ordinary failures: at
+    # MAX_CRASHES the job is dead-lettered as "poison" (transitions.fail). Empty: none.
+    crashes = models.PositiveIntegerField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     result = models.JSONField(null=True, blank=True)
     last_error = models.JSONField(null=True, blank=True)
@@ -375,7 +379,9 @@ class DeadLetter(models.Model):
     payload = models.JSONField(default=dict, blank=True)
     attempts = models.PositiveIntegerField()
     error = models.JSONField(null=True, blank=True)
-    reason = models.CharField(max_length=32, default="failed")
+    # "failed" (its attempts spent), "not_retryable", "poison" (MAX_CRASHES crashes), or
+    # the kind's retry policy's "discarded: <type>" / "not in retry_on: <type>".
+    reason = models.CharField(max_length=200, default="failed")
     created_at = models.DateTimeField(default=timezone.now)
     resolved_at = models.DateTimeField(null=True, blank=True)
     resolution = models.CharField(max_length=32, blank=True, default="")

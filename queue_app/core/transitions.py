@@ -560,10 +560,25 @@ def _or(value, default):
     return default if value is None else value
 
 
-def fail(job_id, *, worker_id, attempt, error, retry=True, retry_delay=None, output=None, using=None):
+def fail(
+    job_id,
+    *,
+    worker_id,
+    attempt,
+    error,
+    retry=True,
+    retry_delay=None,
+    reason=None,
+    crashed=False,
+    output=None,
+    using=None,
+):
     """Record a failed attempt: back to pending with backoff, or to dead_letter when the
-    budget is spent (or ``retry`` is False). Return the new state, or None if this worker
-    no longer holds the job. ``output`` is what the handler printed (capture.py)."""
+    budget is spent (or ``retry`` is False, ``reason`` saying why: by default
+    "not_retryable"). ``crashed``: its worker process died or was killed for its timeout;
+    the job's crashes count one more, and at MAX_CRASHES it is dead-lettered as "poison".
+    Return the new state, or None if this worker no longer holds the job. ``output`` is
+    what the handler printed (capture.py)."""
     db = _db(using)
     now = timezone.now()
     error = validation.payload(error, "error")
@@ -573,6 +588,13 @@ def fail(job_id, *, worker_id, attempt, error, retry=True, retry_delay=None, out
             _lost(job_id, worker_id, attempt, "fail")
             return None
         message = (error or {}).get("message", "") if isinstance(error, dict) else str(error)
+        crashes = {}
+        if crashed:
+            # Counted under the row lock, in the edge that records the crash: a payload
+            # that keeps killing its worker's process stops being run, attempts left or not.
+            crashes = {"crashes": (job.crashes or 0) + 1}
+            if crashes["crashes"] >= settings.MAX_CRASHES:
+                retry, reason = False, "poison"
         if retry and job.attempts < job.max_attempts:
             seconds = (
                 retry_delay
@@ -591,6 +613,7 @@ def fail(job_id, *, worker_id, attempt, error, retry=True, retry_delay=None, out
                 last_error=error,
                 lease_owner=None,
                 lease_expires_at=None,
+                **crashes,
             )
             _event(
                 job.id,
@@ -602,7 +625,7 @@ def fail(job_id, *, worker_id, attempt, error, retry=True, retry_delay=None, out
                 worker=worker_id,
                 message=message,
                 metadata=_with_output(
-                    {"error": error, "retry_at": run_at.isoformat(), "delay": seconds}, output
+                    {"error": error, "retry_at": run_at.isoformat(), "delay": seconds, **crashes}, output
                 ),
             ).save(using=db)
             return State.PENDING
@@ -612,8 +635,9 @@ def fail(job_id, *, worker_id, attempt, error, retry=True, retry_delay=None, out
             last_error=error,
             lease_owner=None,
             lease_expires_at=None,
+            **crashes,
         )
-        reason = "failed" if retry else "not_retryable"
+        reason = "failed" if retry else (reason or "not_retryable")
         _dead_letter_row(job, now, error, reason).save(using=db)
         _event(
             job.id,
@@ -628,6 +652,7 @@ def fail(job_id, *, worker_id, attempt, error, retry=True, retry_delay=None, out
                 {
                     "error": error,
                     "reason": reason,
+                    **crashes,
                     **_follow_ups(db, job, State.DEAD_LETTER, now, error=error),
                 },
                 output,
@@ -939,8 +964,12 @@ def requeue(job_id, *, payload=_UNSET, max_attempts=None, actor="", using=None):
             "finished_at": None,
             "result": None,
             "cancel_requested_at": None,
+            # A fresh budget of crashes too: a poison job is requeued once its fix is deployed.
+            "crashes": None,
         }
         meta = {"previous_attempts": job.attempts}
+        if job.crashes:
+            meta["previous_crashes"] = job.crashes
         if payload is not _UNSET:
             _refuse_delivery_edit(job)
             changes["payload"] = payload

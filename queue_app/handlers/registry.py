@@ -18,36 +18,74 @@ from django.tasks import Task
 from django.utils.module_loading import import_string
 
 from queue_app.conf import project_packages, settings
+from queue_app.core.retrying import NONE, RetryPolicy
 from queue_app.exceptions import UnknownKind
 from queue_app.handlers import faults
 
 _handlers = {}
+# kind -> its RetryPolicy, for the kinds registered with retry_on, discard_on or backoff.
+_policies = {}
 
 
-def register(kind, func):
-    """Make ``func`` run jobs of ``kind``."""
+def register(kind, func, *, retry_on=None, discard_on=None, backoff=None):
+    """Make ``func`` run jobs of ``kind``. ``retry_on``: only these exceptions retry;
+    ``discard_on``: these dead-letter at once; ``backoff(attempt, exception)``: seconds
+    before the retry, or None for the default (core/retrying.py). Raise TypeError for
+    a bad option, before anything is registered."""
+    policy = RetryPolicy(retry_on=retry_on, discard_on=discard_on, backoff=backoff)
     _handlers[kind] = func
+    if policy:
+        _policies[kind] = policy
+    else:
+        _policies.pop(kind, None)
     return func
 
 
-def handler(kind):
-    """Decorator form of register(): ``@handler("email")``."""
+def handler(kind, **options):
+    """Decorator form of register(): ``@handler("email", retry_on=(SMTPException,))``."""
+    policy = RetryPolicy(**options)  # checked where it is written, not at the first failure
 
     def decorate(func):
-        return register(kind, func)
+        return register(
+            kind, func, retry_on=policy.retry_on, discard_on=policy.discard_on, backoff=policy.backoff
+        )
 
     return decorate
 
 
 def unregister(kind):
     _handlers.pop(kind, None)
+    _policies.pop(kind, None)
+
+
+def policy(kind):
+    """The RetryPolicy of ``kind``: its registration's, or its Task's (QueueTask's
+    retry_on, discard_on and backoff); NONE for a kind that declared none or is unknown."""
+    if kind in _policies:
+        return _policies[kind]
+    found = _handlers.get(kind)
+    if found is None:
+        try:
+            found = task_for(kind)
+        except UnknownKind:
+            return NONE
+    return task_policy(found) if is_task(found) else NONE
+
+
+def task_policy(task):
+    """The RetryPolicy a Task declares (none for a plain django.tasks Task)."""
+    return RetryPolicy(
+        retry_on=getattr(task, "retry_on", ()),
+        discard_on=getattr(task, "discard_on", ()),
+        backoff=getattr(task, "backoff_function", None),
+    )
 
 
 @contextmanager
 def override(handlers=None, /, **more):
     """Register ``handlers`` ({kind: func}) for the block, then put back what was there
     before (also what the block itself registered or unregistered): for tests."""
-    before = dict(_handlers)
+    before, policies = dict(_handlers), dict(_policies)
     try:
         for kind, func in {**(handlers or {}), **more}.items():
             register(kind, func)
@@ -55,6 +93,8 @@ def override(handlers=None, /, **more):
     finally:
         _handlers.clear()
         _handlers.update(before)
+        _policies.clear()
+        _policies.update(policies)
 
 
 def get(kind):

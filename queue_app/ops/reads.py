@@ -487,6 +487,7 @@ def job_dict(job):
         "payload": job.payload,
         "attempts": job.attempts,
         "max_attempts": job.max_attempts,
+        "crashes": job.crashes,
         "idempotency_key": job.idempotency_key,
         "concurrency_key": job.concurrency_key,
         "run_at": job.run_at,

@@ -24,6 +24,13 @@ Django 6.0, whose ``@task`` does not pass extra keyword arguments on.
 ``base``, ``max`` (seconds) and ``jitter``; it sets the task's ``backoff_base``,
 ``backoff_max`` and ``backoff_jitter``, which may also be given one by one.
 
+Retry control by exception (core/retrying.py), as on a native ``@handler``: ``retry_on``
+(only these exceptions retry), ``discard_on`` (these dead-letter at once) and a
+``backoff`` that is a function of (attempt, exception) returning seconds or None (it
+sets ``backoff_function``). They are code, not job fields: the worker reads them off
+the task its job's kind names, so they belong to the task's definition (``@task(...)``
+or ``with_options``), and ``.using()`` keeps them but cannot set them.
+
 ``on_success`` / ``on_failure`` name the follow-up job chaining.py enqueues when the
 job completes / is dead-lettered: another Task (run with no arguments, at its own
 priority and queue, with its own options; a ``parent`` parameter, if it has one,
@@ -31,6 +38,7 @@ receives the parent's outcome) or a job template dict ``{"kind": ..., "payload":
 ...options}`` as enqueue() takes it.
 """
 
+from collections.abc import Callable
 from dataclasses import InitVar, dataclass, fields, replace
 
 from asgiref.sync import sync_to_async
@@ -48,6 +56,7 @@ from django.utils.json import normalize_json
 
 from queue_app.conf import settings
 from queue_app.core import transitions, validation, webhooks
+from queue_app.core.retrying import RetryPolicy
 from queue_app.exceptions import InvalidJob, UnknownKind
 from queue_app.handlers import registry
 from queue_app.models import KIND_MAX_LENGTH, QUEUE_NAME_MAX_LENGTH, Job
@@ -55,6 +64,8 @@ from queue_app.tasks import results as task_results
 
 OPTION_NAMES = ("database", "max_attempts", "timeout", "backoff")
 BACKOFF_FIELDS = ("backoff_base", "backoff_max", "backoff_jitter")
+# Retry control by exception: the task's definition, read by the worker (not job fields).
+RETRY_FIELDS = ("retry_on", "discard_on", "backoff_function")
 FOLLOW_UP_FIELDS = ("on_success", "on_failure")
 EXTRA_FIELDS = (
     "max_attempts",
@@ -65,6 +76,7 @@ EXTRA_FIELDS = (
     *FOLLOW_UP_FIELDS,
     "webhook_url",
     *BACKOFF_FIELDS,
+    *RETRY_FIELDS,
 )
 # A follow-up Task's own options that go into its template (not idempotency_key: one
 # key would make every follow-up after the first return the first; not unique_for).
@@ -74,10 +86,13 @@ BACKOFF_KEYS = {"base": "backoff_base", "max": "backoff_max", "jitter": "backoff
 
 
 def backoff_fields(backoff):
-    """``backoff`` (a base, or a dict of base/max/jitter) as job fields; values are
-    checked later, by validate_task, like the fields given one by one."""
+    """``backoff`` (a base, or a dict of base/max/jitter) as job fields, or a function
+    of (attempt, exception) as the task's backoff_function; values are checked later, by
+    validate_task, like the fields given one by one."""
     if backoff is None:
         return {}
+    if callable(backoff):
+        return {"backoff_function": backoff}
     if isinstance(backoff, dict):
         unknown = sorted(map(str, set(backoff) - set(BACKOFF_KEYS)))
         if unknown:
@@ -85,7 +100,8 @@ def backoff_fields(backoff):
         return {BACKOFF_KEYS[key]: value for key, value in backoff.items()}
     if isinstance(backoff, bool) or not isinstance(backoff, (int, float)):
         raise InvalidTask(
-            f"backoff must be a number (the base) or a dict of base, max, jitter; got {backoff!r}"
+            "backoff must be a number (the base), a dict of base, max, jitter, or a function "
+            f"of (attempt, exception); got {backoff!r}"
         )
     return {"backoff_base": backoff}
 
@@ -151,12 +167,24 @@ class QueueTask(Task):
     on_failure: Task | dict | None = None
     # Gets a signed POST when the job ends (webhooks.py; WEBHOOK_ALLOWED_HOSTS).
     webhook_url: str | None = None
-    # ``@task(backoff=3)`` or ``backoff={"base": 3, "max": 600}``: sets the three above.
-    backoff: InitVar[float | dict | None] = None
+    # Only these exceptions retry (empty: all); these dead-letter at once ("discarded: <type>");
+    # backoff_function(attempt, exception) -> seconds or None (the default backoff).
+    retry_on: tuple = ()
+    discard_on: tuple = ()
+    backoff_function: Callable | None = None
+    # ``@task(backoff=3)`` or ``backoff={"base": 3, "max": 600}``: sets the backoff_*
+    # fields; ``backoff=function``: sets backoff_function.
+    backoff: InitVar[float | dict | Callable | None] = None
 
     def __post_init__(self, backoff):
         for name, value in backoff_fields(backoff).items():
             object.__setattr__(self, name, value)
+        # Checked where the task is declared, not at its first failure (TypeError).
+        policy = RetryPolicy(
+            retry_on=self.retry_on, discard_on=self.discard_on, backoff=self.backoff_function
+        )
+        object.__setattr__(self, "retry_on", policy.retry_on)
+        object.__setattr__(self, "discard_on", policy.discard_on)
         Task.__post_init__(self)
 
     def using(
@@ -180,6 +208,11 @@ class QueueTask(Task):
         backoff_jitter=None,
     ):
         """Create a new Task with modified defaults."""
+        if callable(backoff):
+            raise TypeError(
+                "a backoff function belongs to the task's definition (@task(backoff=...) or "
+                "with_options): the worker finds it by the task's module path, not per call"
+            )
         # Task is a slots dataclass, so zero-argument super() is not available here.
         task = Task.using(
             self, priority=priority, queue_name=queue_name, run_after=run_after, backend=backend
@@ -207,7 +240,7 @@ class QueueTask(Task):
 def with_options(task, **options):
     """Return a copy of ``task`` carrying our job options (max_attempts, timeout,
     idempotency_key, unique_for, concurrency_key, on_success, on_failure, webhook_url,
-    backoff or backoff_base/backoff_max/backoff_jitter).
+    backoff or backoff_base/backoff_max/backoff_jitter, retry_on, discard_on).
 
     For Django 6.0, whose ``@task`` does not pass extra keywords to the backend, and for
     tasks created by another backend's ``task_class``.
@@ -448,6 +481,10 @@ class DatabaseBackend(BaseTaskBackend):
                 validation.max_attempts(self.options["max_attempts"])
             if self.options.get("timeout") is not None:
                 validation.seconds(self.options["timeout"], "timeout", maximum=settings.MAX_TIMEOUT_SECONDS)
+            if callable(self.options.get("backoff")):
+                raise InvalidTask(
+                    "backoff cannot be a function here: give it to the task (@task(backoff=...))"
+                )
             backoff = backoff_fields(self.options.get("backoff"))
             validation.backoff_base(backoff.get("backoff_base"))
             validation.backoff_max(backoff.get("backoff_max"))

@@ -305,6 +305,11 @@ class JobOut(JobFields):
     result: Any
     last_error: Any
     metadata: Any = Field(None, description="JSON the handler attached.")
+    crashes: int | None = Field(
+        None,
+        description="Attempts whose worker process died or was killed for its timeout; "
+        "at MAX_CRASHES the job is dead-lettered as poison.",
+    )
 
 
 class JobRow(JobFields):

@@ -11,6 +11,7 @@ import os
 import socket
 import traceback
 import uuid
+from typing import NamedTuple
 
 from django.utils import timezone
 
@@ -79,17 +80,35 @@ def attempt(job, worker_id, output, *, abort_probe=None):
         raise UnstorableResult(exc) from exc
 
 
+class Failure(NamedTuple):
+    """How a failed attempt is recorded."""
+
+    error: dict
+    retry: bool
+    # Why it may not retry, for the dead letter (None: the default, "not_retryable").
+    reason: str | None = None
+    # Seconds before the retry from the kind's backoff function (None: the job's backoff).
+    delay: float | None = None
+
+
 def failure(job, exc):
-    """How a failed attempt is recorded: (the stored error, whether it may retry). The one
-    rule, for execute() and the worker's batched path alike; call it in the except block."""
+    """How a failed attempt is recorded (a Failure). The one rule, for execute() and the
+    worker's batched path alike; call it in the except block."""
     log.info("failed id=%s kind=%s attempt=%s: %r", job.id, job.kind, job.attempts, exc)
     if isinstance(exc, UnstorableResult):
         # Running it again returns the same value: dead-letter at once.
-        return events.error_info(exc.error, "".join(traceback.format_exception(exc.error))), False
+        return Failure(events.error_info(exc.error, "".join(traceback.format_exception(exc.error))), False)
     if isinstance(exc, UnknownKind):
         # Retrying cannot help until someone deploys a handler: dead-letter at once.
-        return events.error_info(exc), False
-    return events.error_info(exc, traceback.format_exc()), True
+        return Failure(events.error_info(exc), False)
+    error = events.error_info(exc, traceback.format_exc())
+    # The kind's retry_on / discard_on / backoff (its @handler or @task).
+    policy = registry.policy(job.kind)
+    retry, reason = policy.decide(exc)
+    if not retry:
+        log.info("not retrying id=%s kind=%s: %s", job.id, job.kind, reason)
+        return Failure(error, False, reason)
+    return Failure(error, True, delay=policy.delay(job.attempts, exc))
 
 
 def execute(job, worker_id, *, abort_probe=None, using=None):
@@ -130,13 +149,15 @@ def settle_failure(job, worker_id, exc, output, *, using=None):
         if snoozes != 0:  # 0: past MAX_SNOOZES, and the attempt fails
             return _settled(job, "pending" if snoozes else None, using)
         exc = TooManySnoozes(settings.MAX_SNOOZES)
-    error, retry = failure(job, exc)
+    failed = failure(job, exc)
     state = transitions.fail(
         job.id,
         worker_id=worker_id,
         attempt=job.attempts,
-        error=error,
-        retry=retry,
+        error=failed.error,
+        retry=failed.retry,
+        retry_delay=failed.delay,
+        reason=failed.reason,
         output=output.value(),
         using=using,
     )

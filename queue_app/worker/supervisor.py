@@ -404,16 +404,28 @@ class Supervisor:
                     how=f"its handler {why}" if child.killed_for_abort else f"its worker {why}",
                 )
                 continue
+            # A crash or a timeout kill counts toward the job's MAX_CRASHES (poison); a
+            # kill at shutdown, or for another job's timeout or abort, is not this job's doing.
+            crashed = True
             if child.timed_out and child.timed_out[0] == job_id:
                 error = _timeout_error(job_id, child.timed_out[2])
                 log.warning("timed out id=%s attempt=%s worker=%s", job_id, attempt, child.owner)
             elif shutdown:
+                crashed = False
                 error = _shutdown_error(shutdown)
                 log.warning("killed at shutdown id=%s attempt=%s worker=%s", job_id, attempt, child.owner)
             else:
+                crashed = child.timed_out is None and not child.killed_for_abort
                 error = _crash_error(how)
                 log.warning("crashed id=%s attempt=%s worker=%s: child %s", job_id, attempt, child.owner, how)
-            if self._guard(transitions.fail, job_id, worker_id=child.owner, attempt=attempt, error=error):
+            if self._guard(
+                transitions.fail,
+                job_id,
+                worker_id=child.owner,
+                attempt=attempt,
+                error=error,
+                crashed=crashed,
+            ):
                 # A django.tasks job's child sent task_started and died: task_finished is sent here.
                 self._guard(task_running.finished_elsewhere, job_id)
         self._settle_unacked(child, how)

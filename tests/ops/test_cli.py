@@ -392,6 +392,7 @@ def test_enqueue_json_is_created_and_the_job_with_the_keys_its_help_names():
         "payload",
         "attempts",
         "max_attempts",
+        "crashes",
         "idempotency_key",
         "concurrency_key",
         "run_at",

@@ -67,7 +67,8 @@ seconds only). The job document takes the same options under their Python names
 
 --json prints one object: created (bool; false when an idempotency key matched a live job),
 job {id (int), kind, queue, state, status (str), priority (int), payload, attempts,
-max_attempts (int), idempotency_key, concurrency_key (str or null), run_at, created_at,
+max_attempts (int), crashes (int or null: its attempts whose process died or was killed
+for its timeout), idempotency_key, concurrency_key (str or null), run_at, created_at,
 started_at, finished_at (ISO 8601 or null), lease_owner, lease_expires_at, timeout (seconds
 or null), result, last_error, progress, progress_message, metadata, cancel_requested_at},
 the same job object that inspect --json lists.
