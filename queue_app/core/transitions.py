@@ -299,6 +299,9 @@ def _debounce(req, db, now):
     leased (a ``debounced`` event), else insert a new job; return (job, created)."""
     with transaction.atomic(using=db):
         row = _lock_key(db, f"debounce:{req.debounce_key}", now)
+        # The time we hold the key, not the time we asked: the enqueue before ours may
+        # have taken its time after ours, and a debounce never moves run_at back.
+        now = timezone.now()
         # started_at is set by the first claim and never cleared: a job retried, snoozed
         # or given back has been leased, and its key starts a new job.
         waiting = Q(state=State.PENDING, started_at__isnull=True)
@@ -320,7 +323,10 @@ def _debounce(req, db, now):
                     now,
                     from_state=State.PENDING,
                     to_state=State.PENDING,
-                    message=f"run_at {old.isoformat()} -> {new.isoformat()}"
+                    # Short enough for history's column; the metadata has the exact times.
+                    message=f"run_at {old:%H:%M:%S.%f}"[:-3]
+                    + f" -> {new:%H:%M:%S.%f}"[:-3]
+                    + " UTC"
                     + (", payload replaced" if replace else ""),
                     metadata={
                         "key": req.debounce_key,

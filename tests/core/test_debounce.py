@@ -181,6 +181,9 @@ def test_eight_processes_debouncing_one_key_at_once_make_one_job_with_the_last_p
     # Each debounce saw the run_at the one before it wrote: they took turns.
     for before, after in itertools.pairwise(debounced):
         assert after.metadata["old_run_at"] == before.metadata["new_run_at"]
+    # And none moved run_at back.
+    for e in debounced:
+        assert e.metadata["new_run_at"] >= e.metadata["old_run_at"]
     # The newest payload won: one of the last round's (each round starts once every
     # process has finished the one before).
     assert job.payload["round"] == ROUNDS - 1
