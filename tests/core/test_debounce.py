@@ -4,10 +4,12 @@ instead of inserting one, each with a debounced event; race-free through the key
 
 import itertools
 import multiprocessing
+import threading
 import time
 from datetime import datetime, timedelta
 
 import pytest
+from django.db import connections, transaction
 from django.utils import timezone
 
 from queue_app import bulk_enqueue, enqueue
@@ -95,6 +97,40 @@ def test_different_keys_and_a_debounce_key_equal_to_a_unique_key_do_not_meet():
     b = enqueue("echo", {}, debounce_key="b", debounce_for=30)
     c = enqueue("echo", {}, unique_key="a")
     assert len({a.id, b.id, c.id}) == 3
+
+
+@pytest.mark.django_db
+def test_keys_are_exact_strings_on_every_database():
+    jobs = [enqueue("echo", {}, debounce_key=k, debounce_for=30) for k in ("Key", "key", "key ")]
+    assert len({j.id for j in jobs}) == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_holding_the_job_makes_a_racing_debounce_wait_then_start_a_new_job(vendor):
+    if vendor == "sqlite":
+        pytest.skip("SQLite serialises writers with the database lock; there are no row locks to race")
+    first = enqueue("echo", {"n": 1}, debounce_key="k", debounce_for=0.001)
+    time.sleep(0.01)
+    claimed, done = threading.Event(), {}
+
+    def debounce():
+        claimed.wait(10)
+        try:
+            done["job"] = enqueue("echo", {"n": 2}, debounce_key="k", debounce_for=30)
+        finally:
+            connections.close_all()
+
+    racer = threading.Thread(target=debounce)
+    racer.start()
+    with transaction.atomic():
+        (job,) = transitions.claim("w", limit=1)
+        claimed.set()
+        time.sleep(0.5)  # the debounce waits on the job's row lock meanwhile
+        assert "job" not in done
+    racer.join(10)
+    assert done["job"].was_created and done["job"].id != job.id == first.id
+    assert Job.objects.get(id=first.id).payload == {"n": 1}
+    assert not Event.objects.filter(type="debounced").exists()
 
 
 @pytest.mark.django_db

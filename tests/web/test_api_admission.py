@@ -79,3 +79,28 @@ def test_the_schema_describes_the_options(api):
         "unique_while",
     ):
         assert props[name]["description"], name
+
+
+def test_the_job_page_and_history_show_the_debounced_event(client):
+    from io import StringIO
+
+    from django.core.management import call_command
+    from django.urls import reverse
+    from django.utils.html import escape
+
+    from queue_app import enqueue
+    from tests.factories import make_staff
+
+    first = enqueue("echo", {"n": 1}, debounce_key="k", debounce_for=30)
+    enqueue("echo", {"n": 2}, debounce_key="k", debounce_for=30)
+    event = Event.objects.get(type="debounced")
+    client.force_login(make_staff("viewer", "queue_app.view_job"))
+    page = client.get(reverse("queue_app_dashboard:job", args=[first.id])).content.decode()
+    assert "ev-debounced" in page and escape(event.message) in page and "payload_replaced" in page
+    out = StringIO()
+    call_command("history", str(first.id), stdout=out)
+    assert "debounced" in out.getvalue() and event.message in out.getvalue()
+    out = StringIO()
+    call_command("history", str(first.id), "--json", stdout=out)
+    (shown,) = [e for e in json.loads(out.getvalue())["events"] if e["type"] == "debounced"]
+    assert shown["metadata"]["new_run_at"] == event.metadata["new_run_at"]
