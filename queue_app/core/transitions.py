@@ -207,7 +207,8 @@ def enqueue(req, *, using=None):
     enqueues with one key exactly one inserts, the others get that job back. With
     ``unique_for`` a job older than the window gives its key up (as cancel does; the
     new job's enqueued event records it) in the same savepoint as the insert, so of
-    concurrent enqueues after the window still exactly one inserts.
+    concurrent enqueues after the window still exactly one inserts. A debounce_key or
+    unique_key goes through its AdmissionKey row instead (_debounce, _unique).
     """
     db = _db(using)
     now = timezone.now()
