@@ -36,8 +36,9 @@ from queue_app.conf import settings
 PRIORITY_MIN = -100
 PRIORITY_MAX = 100
 IDEMPOTENCY_KEY_MAX_LENGTH = 255
-# A debounce or unique key; its AdmissionKey row's id adds a prefix of up to 9 characters.
-ADMISSION_KEY_MAX_LENGTH = 255
+# A debounce or unique key: its AdmissionKey row's id adds a prefix of up to 9 characters,
+# and stays within 255 (MariaDB may refuse a longer unique varchar: mysql.W003).
+ADMISSION_KEY_MAX_LENGTH = 240
 CONCURRENCY_KEY_MAX_LENGTH = 255
 KIND_MAX_LENGTH = 200
 QUEUE_NAME_MAX_LENGTH = 100
@@ -347,7 +348,7 @@ class AdmissionKey(models.Model):
     database, and pointing at the job the key stands for now."""
 
     # "debounce:KEY" or "unique:KEY": the two options never share a row.
-    id = models.CharField(primary_key=True, max_length=ADMISSION_KEY_MAX_LENGTH + 9)
+    id = models.CharField(primary_key=True, max_length=255)
     # The key's newest job; no constraint, so pruning a job leaves the key alone.
     job_id = models.BigIntegerField(null=True, blank=True)
     updated_at = models.DateTimeField()

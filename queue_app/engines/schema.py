@@ -62,7 +62,7 @@ def collate_admission_keys_0017(collation):
         if schema_editor.connection.vendor != "mysql":
             return
         schema_editor.execute(
-            f"ALTER TABLE queue_app_admissionkey MODIFY id varchar(264) COLLATE {collation} NOT NULL"
+            f"ALTER TABLE queue_app_admissionkey MODIFY id varchar(255) COLLATE {collation} NOT NULL"
         )
 
     return run

@@ -19,7 +19,7 @@ class Migration(migrations.Migration):
         migrations.CreateModel(
             name='AdmissionKey',
             fields=[
-                ('id', models.CharField(max_length=264, primary_key=True, serialize=False)),
+                ('id', models.CharField(max_length=255, primary_key=True, serialize=False)),
                 ('job_id', models.BigIntegerField(blank=True, null=True)),
                 ('updated_at', models.DateTimeField()),
             ],

@@ -100,6 +100,16 @@ def test_different_keys_and_a_debounce_key_equal_to_a_unique_key_do_not_meet():
 
 
 @pytest.mark.django_db
+def test_a_key_of_the_full_length_is_taken_and_the_key_table_passes_every_databases_checks():
+    from django.core import checks
+
+    assert enqueue("echo", {}, debounce_key="k" * 240, debounce_for=30).was_created
+    assert enqueue("echo", {}, unique_key="k" * 240).was_created
+    found = checks.run_checks(databases=["default"])
+    assert not [m for m in found if "AdmissionKey" in str(m.obj)]
+
+
+@pytest.mark.django_db
 def test_keys_are_exact_strings_on_every_database():
     jobs = [enqueue("echo", {}, debounce_key=k, debounce_for=30) for k in ("Key", "key", "key ")]
     assert len({j.id for j in jobs}) == 3
@@ -156,7 +166,7 @@ def test_bulk_enqueue_debounces_within_the_batch_and_against_earlier_jobs():
         ({"debounce_key": "k", "debounce_for": 30, "debounce_mode": "merge"}, "debounce_mode"),
         ({"debounce_key": "k", "debounce_for": 30, "debounce_max_wait": -1}, "debounce_max_wait"),
         ({"debounce_key": "", "debounce_for": 30}, "debounce_key"),
-        ({"debounce_key": "k" * 256, "debounce_for": 30}, "debounce_key"),
+        ({"debounce_key": "k" * 241, "debounce_for": 30}, "debounce_key"),
         ({"debounce_key": "k", "debounce_for": 30, "run_after": 5}, "debounce_key"),
         ({"debounce_key": "k", "debounce_for": 30, "idempotency_key": "i"}, "debounce_key"),
         ({"debounce_key": "k", "debounce_for": 30, "unique_key": "u"}, "unique_key"),
