@@ -36,6 +36,9 @@ from queue_app.conf import settings
 PRIORITY_MIN = -100
 PRIORITY_MAX = 100
 IDEMPOTENCY_KEY_MAX_LENGTH = 255
+# A debounce or unique key: its AdmissionKey row's id adds a prefix of up to 9 characters,
+# and stays within 255 (MariaDB may refuse a longer unique varchar: mysql.W003).
+ADMISSION_KEY_MAX_LENGTH = 240
 CONCURRENCY_KEY_MAX_LENGTH = 255
 KIND_MAX_LENGTH = 200
 QUEUE_NAME_MAX_LENGTH = 100
@@ -75,6 +78,9 @@ class EventType(models.TextChoices):
     # Its handler asked to run later (raised Snooze): back to pending at a later run_at,
     # the attempt not consumed; metadata holds the delay and the job's snooze count.
     SNOOZED = "snoozed"
+    # Another enqueue with its debounce_key came while it was pending and never leased:
+    # its run_at moved (metadata: old and new run_at, whether the payload was replaced).
+    DEBOUNCED = "debounced"
     # An operator asked a running job to stop (cancel_requested_at set); it stays leased
     # until its handler returns or, after the abort grace, its process is killed.
     ABORT_REQUESTED = "abort_requested"
@@ -341,6 +347,21 @@ def attach_statuses(jobs, now=None):
             job.state, job.run_at, job.attempts, job.state == State.PENDING and held, now
         )
     return jobs
+
+
+class AdmissionKey(models.Model):
+    """A debounce or unique key's lock row (transitions._debounce, _unique): inserted or
+    locked first in every enqueue with that key, so such enqueues take turns on every
+    database, and pointing at the job the key stands for now."""
+
+    # "debounce:KEY" or "unique:KEY": the two options never share a row.
+    id = models.CharField(primary_key=True, max_length=255)
+    # The key's newest job; no constraint, so pruning a job leaves the key alone.
+    job_id = models.BigIntegerField(null=True, blank=True)
+    updated_at = models.DateTimeField()
+
+    def __str__(self):
+        return f"{self.id} -> job {self.job_id}"
 
 
 class Event(models.Model):

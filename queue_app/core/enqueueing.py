@@ -2,7 +2,7 @@
 
 from queue_app import enqueue
 job = enqueue("email", {"to": "a@example.com"}, priority=20, run_after=60)
-job.was_created   # False when an idempotency key matched an existing job
+job.was_created   # False when a key matched an existing job (or a debounce updated it)
 """
 
 from django.utils import timezone
@@ -16,7 +16,9 @@ def enqueue(kind, payload=None, /, *, using=None, **options):
     """Put one job on the queue and return it.
 
     Options: queue_name, priority (-100..100), run_at (aware datetime) or run_after
-    (seconds or timedelta), max_attempts, idempotency_key, timeout (seconds).
+    (seconds or timedelta), max_attempts, idempotency_key, timeout (seconds), and the
+    rest of validation.ENQUEUE_FIELDS (debounce_key/debounce_for/debounce_max_wait/
+    debounce_mode, unique_key/unique_while among them: see the README).
     """
     req = validation.enqueue_request(kind, payload, **options)
     job, created = transitions.enqueue(req, using=using)

@@ -3,6 +3,7 @@ job and appends exactly one Event row. Nothing else writes Job.state, Event or D
 
     edge              from                 to                      event
     enqueue           (new)                pending                 enqueued
+                      pending (debounce)   pending (run_at later)  debounced  (never leased)
     claim             pending (ready)      leased                  claimed
     complete          leased*              completed               completed
     complete_many     leased*              completed               completed  (one per job; batched acks)
@@ -43,7 +44,7 @@ from queue_app.core import follow_ups as chaining
 from queue_app.engines import rows
 from queue_app.engines.base import Fence
 from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound
-from queue_app.models import DeadLetter, Event, EventType, Job, State
+from queue_app.models import AdmissionKey, DeadLetter, Event, EventType, Job, State
 
 log = logging.getLogger("queue_app")
 
@@ -206,10 +207,15 @@ def enqueue(req, *, using=None):
     enqueues with one key exactly one inserts, the others get that job back. With
     ``unique_for`` a job older than the window gives its key up (as cancel does; the
     new job's enqueued event records it) in the same savepoint as the insert, so of
-    concurrent enqueues after the window still exactly one inserts.
+    concurrent enqueues after the window still exactly one inserts. A debounce_key or
+    unique_key goes through its AdmissionKey row instead (_debounce, _unique).
     """
     db = _db(using)
     now = timezone.now()
+    if req.debounce_key is not None:
+        return _debounce(req, db, now)
+    if req.unique_key is not None:
+        return _unique(req, db, now)
     if req.idempotency_key is None:
         # Nothing to look up and no race to lose: no savepoint, the fewest statements.
         (job,) = _insert_plain(db, [req], now)
@@ -249,6 +255,118 @@ def enqueue(req, *, using=None):
     return job, True
 
 
+def _lock_key(db, key, now):
+    """Insert ``key``'s AdmissionKey row or, if it exists, lock it; return it.
+
+    An upsert, not a read then an insert: of concurrent enqueues with one key the first
+    inserts and the others wait on its row until it commits, then lock it in turn
+    (PostgreSQL's and SQLite's ON CONFLICT DO UPDATE, MariaDB's ON DUPLICATE KEY UPDATE;
+    SQLite's IMMEDIATE transactions take turns anyway). Nobody loses a unique-index race,
+    so no savepoint and no retry."""
+    # MariaDB's upsert names no conflict target (any unique key is one).
+    target = ["id"] if connections[db].features.supports_update_conflicts_with_target else None
+    AdmissionKey.objects.using(db).bulk_create(
+        [AdmissionKey(id=key, updated_at=now)],
+        update_conflicts=True,
+        unique_fields=target,
+        update_fields=["updated_at"],
+    )
+    return AdmissionKey.objects.using(db).select_for_update().get(id=key)
+
+
+def _insert_keyed(db, row, req, now, run_at=None, **extra):
+    """Insert ``req``'s job (its run_at ``run_at`` if given) as the job ``row``'s key stands for."""
+    job = _new_job(req, now)
+    if run_at is not None:
+        job.run_at = run_at
+    job.save(using=db, force_insert=True)
+    _enqueued_event(job, now, **extra).save(using=db, force_insert=True)
+    AdmissionKey.objects.using(db).filter(id=row.id).update(job_id=job.id)
+    engines.of(connections[db]).notify(_ready_queues([job], now))
+    log.debug("enqueued id=%s kind=%s queue=%s key=%s", job.id, job.kind, job.queue_name, row.id)
+    return job
+
+
+def _debounced_run_at(first_enqueued, req, now):
+    """now + debounce_for, but no later than debounce_max_wait after the first enqueue."""
+    run_at = now + timedelta(seconds=req.debounce_for)
+    if req.debounce_max_wait is not None:
+        run_at = max(now, min(run_at, first_enqueued + timedelta(seconds=req.debounce_max_wait)))
+    return run_at
+
+
+def _debounce(req, db, now):
+    """enqueue() with a debounce_key: update the key's job while it is pending and never
+    leased (a ``debounced`` event), else insert a new job; return (job, created)."""
+    with transaction.atomic(using=db):
+        row = _lock_key(db, f"debounce:{req.debounce_key}", now)
+        # The time we hold the key, not the time we asked: the enqueue before ours may
+        # have taken its time after ours, and a debounce never moves run_at back.
+        now = timezone.now()
+        # started_at is set by the first claim and never cleared: a job retried, snoozed
+        # or given back has been leased, and its key starts a new job.
+        waiting = Q(state=State.PENDING, started_at__isnull=True)
+        # The job's lock too: a claim racing this enqueue either took the job first (we
+        # wait for it, then see it leased) or skips it (SKIP LOCKED) and sees the new run_at.
+        job = (
+            Job.objects.using(db).select_for_update().filter(waiting, id=row.job_id).first()
+            if row.job_id is not None
+            else None
+        )
+        if job is not None:
+            old, new = job.run_at, _debounced_run_at(job.created_at, req, now)
+            replace = req.debounce_mode == "replace"
+            changes = {"run_at": new, **({"payload": req.payload} if replace else {})}
+            if Job.objects.using(db).filter(waiting, id=job.id).update(**changes):
+                _event(
+                    job.id,
+                    EventType.DEBOUNCED,
+                    now,
+                    from_state=State.PENDING,
+                    to_state=State.PENDING,
+                    # Short enough for history's column; the metadata has the exact times.
+                    message=f"run_at {old:%H:%M:%S.%f}"[:-3]
+                    + f" -> {new:%H:%M:%S.%f}"[:-3]
+                    + " UTC"
+                    + (", payload replaced" if replace else ""),
+                    metadata={
+                        "key": req.debounce_key,
+                        "old_run_at": old.isoformat(),
+                        "new_run_at": new.isoformat(),
+                        "payload_replaced": replace,
+                        "capped": new < now + timedelta(seconds=req.debounce_for),
+                    },
+                ).save(using=db, force_insert=True)
+                job.run_at = new
+                if replace:
+                    job.payload = req.payload
+                if new <= now:  # capped by max_wait: due now
+                    engines.of(connections[db]).notify(_ready_queues([job], now))
+                return job, False
+        job = _insert_keyed(
+            db, row, req, now, _debounced_run_at(now, req, now), debounce_key=req.debounce_key
+        )
+    return job, True
+
+
+def _unique(req, db, now):
+    """enqueue() with a unique_key: return the key's newest job while its state is one of
+    unique_while, else insert a new job that takes the key; return (job, created)."""
+    with transaction.atomic(using=db):
+        row = _lock_key(db, f"unique:{req.unique_key}", now)
+        if row.job_id is not None:
+            # A plain read under the key's lock: only enqueues with this key are held
+            # back, and a state read just before a claim is as true as one just after.
+            holder = Job.objects.using(db).filter(id=row.job_id, state__in=req.unique_while).first()
+            if holder is not None:
+                return holder, False
+        extra = {"unique_key": req.unique_key}
+        if row.job_id is not None:
+            extra["after"] = row.job_id  # the job the key stood for until now
+        job = _insert_keyed(db, row, req, now, **extra)
+    return job, True
+
+
 def bulk_enqueue(reqs, *, using=None):
     """Insert many validated requests in one transaction; return the jobs in order.
 
@@ -261,7 +379,7 @@ def bulk_enqueue(reqs, *, using=None):
     with transaction.atomic(using=db):
         plain = []
         for i, req in enumerate(reqs):
-            if req.idempotency_key is not None:
+            if req.idempotency_key is not None or req.debounce_key is not None or req.unique_key is not None:
                 out[i], _ = enqueue(req, using=db)
             else:
                 plain.append(i)

@@ -13,15 +13,17 @@ from numbers import Real
 from django.utils import timezone
 
 from queue_app.conf import settings
-from queue_app.core import urls
+from queue_app.core import durations, urls
 from queue_app.exceptions import InvalidJob
 from queue_app.models import (
+    ADMISSION_KEY_MAX_LENGTH,
     CONCURRENCY_KEY_MAX_LENGTH,
     IDEMPOTENCY_KEY_MAX_LENGTH,
     KIND_MAX_LENGTH,
     PRIORITY_MAX,
     PRIORITY_MIN,
     QUEUE_NAME_MAX_LENGTH,
+    State,
 )
 
 # \Z, not $: $ also matches before a trailing newline.
@@ -37,6 +39,23 @@ MAX_SCHEDULE_AHEAD = timedelta(days=3650)
 BACKOFF_BASE_RANGE = (1, 100)
 MAX_BACKOFF_SECONDS = 7 * 24 * 3600
 
+# Debounce and uniqueness by state (transitions._debounce, transitions._unique).
+ADMISSION_FIELDS = (
+    "debounce_key",
+    "debounce_for",
+    "debounce_max_wait",
+    "debounce_mode",
+    "unique_key",
+    "unique_while",
+)
+DEBOUNCE_MODES = ("replace", "keep")
+# unique_while's names for the state sets people mean; any tuple of states also goes.
+UNIQUE_PRESETS = {
+    # At most one waiting job per key: while one runs, one follow-up is queued.
+    "pending": ("pending",),
+    # At most one waiting or running job per key: while one runs, it is returned.
+    "active": ("pending", "leased"),
+}
 ENQUEUE_FIELDS = (
     "queue_name",
     "priority",
@@ -53,6 +72,7 @@ ENQUEUE_FIELDS = (
     "backoff_base",
     "backoff_max",
     "backoff_jitter",
+    *ADMISSION_FIELDS,
 )
 # A follow-up template is stored as JSON until its parent finishes: no datetimes.
 TEMPLATE_FIELDS = tuple(f for f in ENQUEUE_FIELDS if f != "run_at")
@@ -90,6 +110,17 @@ class EnqueueRequest:
     # The earliest start asked for (run_at as given, in UTC, or now + run_after), before
     # run_at is moved up to the enqueue; django.tasks reads it back as run_after.
     run_after: datetime | None = None
+    # Debounce: enqueues sharing the key while its job is pending and never leased update
+    # that job (run_at = now + debounce_for, at most debounce_max_wait after its
+    # enqueue; with "replace" the newest payload) instead of inserting one.
+    debounce_key: str | None = None
+    debounce_for: float | None = None
+    debounce_max_wait: float | None = None
+    debounce_mode: str = "replace"
+    # Uniqueness by state: an enqueue returns the key's newest job while it is in one of
+    # these states, and inserts a new job (which takes the key) otherwise.
+    unique_key: str | None = None
+    unique_while: tuple | None = None
 
 
 def _is_int(value):
@@ -302,6 +333,78 @@ def concurrency_key(value):
     return _key(value, "concurrency_key", CONCURRENCY_KEY_MAX_LENGTH)
 
 
+def duration(value, field, *, maximum):
+    """seconds(), also taking a duration string such as "30s" or "5m" (durations.py)."""
+    if isinstance(value, str):
+        try:
+            value = durations.parse(value)
+        except ValueError as exc:
+            raise InvalidJob(f"{field}: {exc}", field) from None
+    return seconds(value, field, maximum=maximum)
+
+
+def admission(options):
+    """Validate the debounce and unique options; return their EnqueueRequest fields."""
+    given = [f for f in ADMISSION_FIELDS if options.get(f) is not None]
+    if not given:
+        return {}
+    debounce = _key(options.get("debounce_key"), "debounce_key", ADMISSION_KEY_MAX_LENGTH)
+    unique = _key(options.get("unique_key"), "unique_key", ADMISSION_KEY_MAX_LENGTH)
+    for field in given:
+        if field.startswith("debounce_") and debounce is None:
+            raise InvalidJob(f"{field} needs a debounce_key: it is that key's debounce", field)
+        if field == "unique_while" and unique is None:
+            raise InvalidJob("unique_while needs a unique_key: it says when that key is unique", field)
+    if debounce is not None and unique is not None:
+        raise InvalidJob("give debounce_key or unique_key, not both", "unique_key")
+    for other in ("idempotency_key", "run_at", "run_after"):
+        if options.get(other) is not None:
+            field = "debounce_key" if debounce is not None else "unique_key"
+            why = "debounce_for sets run_at" if other != "idempotency_key" else "each is a key of its own"
+            raise InvalidJob(f"{field} does not go with {other} ({why})", field)
+    if unique is not None:
+        return {"unique_key": unique, "unique_while": unique_while(options.get("unique_while"))}
+    limit = MAX_SCHEDULE_AHEAD.total_seconds()
+    if options.get("debounce_for") is None:
+        raise InvalidJob(
+            "debounce_key needs debounce_for: how long to wait for a quiet spell", "debounce_for"
+        )
+    mode = options.get("debounce_mode") or "replace"
+    if mode not in DEBOUNCE_MODES:
+        raise InvalidJob(
+            f"debounce_mode must be replace (the newest payload wins) or keep (the first stays), got {mode!r}",
+            "debounce_mode",
+        )
+    wait = options.get("debounce_max_wait")
+    return {
+        "debounce_key": debounce,
+        "debounce_for": duration(options["debounce_for"], "debounce_for", maximum=limit),
+        "debounce_max_wait": None if wait is None else duration(wait, "debounce_max_wait", maximum=limit),
+        "debounce_mode": mode,
+    }
+
+
+def unique_while(value):
+    """A preset name, a state or states; return the states as a sorted tuple."""
+    if value is None:
+        value = "active"
+    if isinstance(value, str):
+        value = UNIQUE_PRESETS.get(value, (value,))
+    if not isinstance(value, (list, tuple)) or not value:
+        raise InvalidJob(
+            f"unique_while must be a preset ({', '.join(UNIQUE_PRESETS)}) or a list of states, got {value!r}",
+            "unique_while",
+        )
+    unknown = [s for s in value if s not in State.values]
+    if unknown:
+        raise InvalidJob(
+            f"unique_while: {unknown[0]!r} is not a state; use {', '.join(State.values)} "
+            f"or a preset ({', '.join(UNIQUE_PRESETS)})",
+            "unique_while",
+        )
+    return tuple(sorted(set(value)))
+
+
 def template(value, field, now):
     """A follow-up job as a JSON dict: kind, payload (a dict), enqueue options."""
     if value is None:
@@ -476,6 +579,7 @@ def enqueue_options(options, now, between=None):
         "backoff_base": backoff_base(options.get("backoff_base")),
         "backoff_max": backoff_max(options.get("backoff_max")),
         "backoff_jitter": backoff_jitter(options.get("backoff_jitter")),
+        **admission(options),
     }
 
 

@@ -54,3 +54,15 @@ def collate_keys_0010(collation):
         schema_editor.execute(f"ALTER TABLE queue_app_job {changes}")
 
     return run
+
+
+# 0017: debounce and unique keys are exact strings too (their lock row's primary key).
+def collate_admission_keys_0017(collation):
+    def run(apps, schema_editor):
+        if schema_editor.connection.vendor != "mysql":
+            return
+        schema_editor.execute(
+            f"ALTER TABLE queue_app_admissionkey MODIFY id varchar(255) COLLATE {collation} NOT NULL"
+        )
+
+    return run

@@ -15,7 +15,7 @@
 A task's job has kind = the task's module path and payload = {"args": [...],
 "kwargs": {...}}; priority, queue_name and run_after (-> run_at) carry over. Our extras
 (max_attempts, timeout, idempotency_key, unique_for, concurrency_key, backoff,
-on_success, on_failure, webhook_url) are task options: ``@task(max_attempts=5)`` on
+on_success, on_failure, webhook_url, debounce_* and unique_key/unique_while) are task options: ``@task(max_attempts=5)`` on
 Django 6.1, ``.using(idempotency_key=..., unique_for=3600)`` or
 ``.using(concurrency_key="customer:42")`` per call, or ``with_options(task, ...)`` on
 Django 6.0, whose ``@task`` does not pass extra keyword arguments on.
@@ -77,6 +77,7 @@ EXTRA_FIELDS = (
     "webhook_url",
     *BACKOFF_FIELDS,
     *RETRY_FIELDS,
+    *validation.ADMISSION_FIELDS,
 )
 # A follow-up Task's own options that go into its template (not idempotency_key: one
 # key would make every follow-up after the first return the first; not unique_for).
@@ -172,6 +173,13 @@ class QueueTask(Task):
     retry_on: tuple = ()
     discard_on: tuple = ()
     backoff_function: Callable | None = None
+    # Debounce and uniqueness by state (validation.ADMISSION_FIELDS), as enqueue() takes them.
+    debounce_key: str | None = None
+    debounce_for: float | str | None = None
+    debounce_max_wait: float | str | None = None
+    debounce_mode: str | None = None
+    unique_key: str | None = None
+    unique_while: str | tuple | None = None
     # ``@task(backoff=3)`` or ``backoff={"base": 3, "max": 600}``: sets the backoff_*
     # fields; ``backoff=function``: sets backoff_function.
     backoff: InitVar[float | dict | Callable | None] = None
@@ -206,6 +214,7 @@ class QueueTask(Task):
         backoff_base=None,
         backoff_max=None,
         backoff_jitter=None,
+        **admission,
     ):
         """Create a new Task with modified defaults."""
         if callable(backoff):
@@ -213,6 +222,9 @@ class QueueTask(Task):
                 "a backoff function belongs to the task's definition (@task(backoff=...) or "
                 "with_options): the worker finds it by the task's module path, not per call"
             )
+        unknown = sorted(set(admission) - set(validation.ADMISSION_FIELDS))
+        if unknown:
+            raise TypeError(f"using() got unexpected keyword argument(s): {', '.join(unknown)}")
         # Task is a slots dataclass, so zero-argument super() is not available here.
         task = Task.using(
             self, priority=priority, queue_name=queue_name, run_after=run_after, backend=backend
@@ -232,6 +244,7 @@ class QueueTask(Task):
                 for name, value in zip(BACKOFF_FIELDS, (backoff_base, backoff_max, backoff_jitter))
                 if value is not None
             },
+            **admission,
         }
         changes = {name: value for name, value in extras.items() if value is not None}
         return replace(task, **changes) if changes else task
@@ -346,6 +359,11 @@ class DatabaseBackend(BaseTaskBackend):
             validation.backoff_base(getattr(task, "backoff_base", None))
             validation.backoff_max(getattr(task, "backoff_max", None))
             validation.backoff_jitter(getattr(task, "backoff_jitter", None))
+            admission = {f: getattr(task, f, None) for f in validation.ADMISSION_FIELDS}
+            if admission["debounce_key"] is not None or admission["unique_key"] is not None:
+                # As with unique_for, the key often comes per call (.using()): a task
+                # without one is checked at enqueue.
+                validation.admission(admission)
         except InvalidJob as exc:
             raise _invalid(exc) from None
 
@@ -368,6 +386,7 @@ class DatabaseBackend(BaseTaskBackend):
             **{field: follow_up(getattr(task, field, None), field) for field in FOLLOW_UP_FIELDS},
             "webhook_url": getattr(task, "webhook_url", None),
             **{name: pick(name) for name in BACKOFF_FIELDS},
+            **{name: getattr(task, name, None) for name in validation.ADMISSION_FIELDS},
         }
 
     def enqueue(self, task, args, kwargs):
@@ -399,7 +418,8 @@ class DatabaseBackend(BaseTaskBackend):
                 raise
             raise _invalid(exc) from None
         if not created:
-            # The idempotency key matched a live job: report that job, as it stands.
+            # An idempotency or unique key matched a job, or a debounce updated one:
+            # report that job, as it stands.
             return self.get_result(job.id)
         result = task_results.pending(job, task, self.alias)
         # Workers see the job only when the caller's transaction commits, so receivers

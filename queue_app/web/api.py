@@ -251,6 +251,30 @@ class JobIn(Schema):
     )
     backoff_max: float | None = Field(default=None, description="Seconds; the cap on one retry delay.")
     backoff_jitter: StrictBool | None = Field(default=None, description="Spread each retry over 0..delay.")
+    # Debounce and uniqueness by state (validation.admission).
+    debounce_key: str | None = Field(
+        default=None,
+        description="While this key's job is pending and never leased, an enqueue with the key "
+        "updates that job (200) instead of inserting one; needs debounce_for.",
+    )
+    debounce_for: float | str | None = Field(
+        default=None, description='Seconds (or "30s", "5m"): the job runs this long after the last enqueue.'
+    )
+    debounce_max_wait: float | str | None = Field(
+        default=None, description="At most this long after the first enqueue, however many come."
+    )
+    debounce_mode: Literal["replace", "keep"] | None = Field(
+        default=None, description="replace (default): the newest payload wins; keep: the first stays."
+    )
+    unique_key: str | None = Field(
+        default=None,
+        description="An enqueue returns this key's newest job (200) while it is in unique_while.",
+    )
+    unique_while: str | list[str] | None = Field(
+        default=None,
+        description='"active" (default: pending or leased), "pending" (one follow-up while one runs) '
+        "or a list of states.",
+    )
 
 
 class BulkIn(Schema):
@@ -466,15 +490,17 @@ def _limit(value):
 
 @api.post("/jobs", response={200: JobOut, 201: JobOut, **WRITE_REFUSALS, 409: Duplicate}, tags=["jobs"])
 def create_job(request: HttpRequest, job: JobIn = Body(...)):
-    """Enqueue a job: 201 with the new job, 200 with the existing one on an idempotency-key
-    match (409 naming it when ``strict`` is true)."""
+    """Enqueue a job: 201 with the new job, 200 with the existing one on an idempotency- or
+    unique-key match (409 naming it when ``strict`` is true) or a debounce (always 200: the
+    job was updated)."""
     _need(request, "queue_app.add_job")
     kind, payload, options = _options(job)
     _need_shell(request, kind, options)
     created = enqueueing.enqueue(kind, payload, **options)
-    if job.strict and not created.was_created:
-        message = f"idempotency_key matches job {created.id} ({created.state}); it was not enqueued again"
-        return Status(409, {"error": message, "field": "idempotency_key", "job_id": created.id})
+    key = "unique_key" if options.get("unique_key") is not None else "idempotency_key"
+    if job.strict and not created.was_created and options.get("debounce_key") is None:
+        message = f"{key} matches job {created.id} ({created.state}); it was not enqueued again"
+        return Status(409, {"error": message, "field": key, "job_id": created.id})
     return Status(201 if created.was_created else 200, _shown_one(request, created))
 
 

@@ -3,7 +3,7 @@
 import argparse
 
 from queue_app.conf import settings
-from queue_app.core import enqueueing
+from queue_app.core import enqueueing, validation
 from queue_app.exceptions import InvalidJob
 from queue_app.ops import cli
 from queue_app.ops import reads as inspection
@@ -28,10 +28,13 @@ DOCUMENT_KEYS = {
     "backoff_base",
     "backoff_max",
     "backoff_jitter",
+    *validation.ADMISSION_FIELDS,
 }
 # Flags whose value is JSON: a follow-up job template.
 TEMPLATE_FLAGS = ("on_success", "on_failure")
 BACKOFF_FLAGS = ("backoff_base", "backoff_max", "backoff_jitter")
+# Debounce and uniqueness by state, all plain strings here (durations parsed by the core).
+ADMISSION_FLAGS = validation.ADMISSION_FIELDS
 
 
 def number(text):
@@ -56,6 +59,8 @@ class Command(cli.QueueCommand):
   manage.py enqueue --kind report --webhook-url https://hooks.example.com/jobs   # host in WEBHOOK_ALLOWED_HOSTS
   manage.py enqueue --kind sync --payload '{"customer": 42}' --concurrency-key customer:42
   manage.py enqueue --kind email --run-at 2026-12-01T09:00:00Z --queue mail
+  manage.py enqueue --kind reindex --debounce-key reindex:42 --debounce-for 30s --debounce-max-wait 5m
+  manage.py enqueue --kind sync --unique-key sync:42 --unique-while pending   # one follow-up while one runs
   manage.py enqueue --kind sync --max-attempts 8 --backoff-base 3 --backoff-max 10m --backoff-jitter
   manage.py enqueue '{"kind": "email", "payload": {"to": "user@example.com"}, "priority": 20}'
   manage.py enqueue --command "echo hi"        # shell job; needs JOBQUEUE["SHELL_JOBS"] = True
@@ -65,7 +70,7 @@ durations: 500ms, 30s, 5m, 1h, 7d or plain seconds (inside --on-success/--on-fai
 seconds only). The job document takes the same options under their Python names
 (queue or queue_name, run_after, unique_for, on_success, webhook_url, ...).
 
---json prints one object: created (bool; false when an idempotency key matched a live job),
+--json prints one object: created (bool; false when a key matched a job or a debounce updated one),
 job {id (int), kind, queue, state, status (str), priority (int), payload, attempts,
 max_attempts (int), crashes (int or null: its attempts whose process died or was killed
 for its timeout), idempotency_key, concurrency_key (str or null), run_at, created_at,
@@ -155,6 +160,34 @@ Exit status 2 on bad input (nothing is written)."""
             default=None,
             help=f"Spread each retry over 0..delay (default {'on' if settings.BACKOFF_JITTER else 'off'}).",
         )
+        parser.add_argument(
+            "--debounce-key",
+            metavar="KEY",
+            help="While KEY's job is pending and never leased, update it (run_at, payload) instead "
+            "of enqueueing another; needs --debounce-for.",
+        )
+        parser.add_argument(
+            "--debounce-for", metavar="DURATION", help="Run this long after the last enqueue, e.g. 30s."
+        )
+        parser.add_argument(
+            "--debounce-max-wait", metavar="DURATION", help="But at most this long after the first, e.g. 5m."
+        )
+        parser.add_argument(
+            "--debounce-mode",
+            choices=validation.DEBOUNCE_MODES,
+            help="replace (default): the newest payload wins; keep: the first stays.",
+        )
+        parser.add_argument(
+            "--unique-key",
+            metavar="KEY",
+            help="Return KEY's newest job instead while it is in --unique-while's states.",
+        )
+        parser.add_argument(
+            "--unique-while",
+            metavar="STATES",
+            help="active (default: pending or leased), pending (one follow-up while one runs), "
+            "or states separated by commas.",
+        )
         parser.add_argument("--json", action="store_true", help="Print {created, job} as JSON (shape below).")
 
     def handle(self, *args, **o):
@@ -170,9 +203,12 @@ Exit status 2 on bad input (nothing is written)."""
                 f"enqueued job {job.id} ({job.kind}, queue {job.queue_name}, "
                 f"priority {job.priority}, run at {cli.when(job.run_at)})"
             )
+        elif "debounce_key" in options:
+            self.stdout.write(f"debounced job {job.id} ({job.state}): now runs at {cli.when(job.run_at)}")
         else:
+            key = f"unique key {options['unique_key']!r}" if "unique_key" in options else None
             self.stdout.write(
-                f"idempotency key {job.idempotency_key!r} matched existing job {job.id} "
+                f"{key or f'idempotency key {job.idempotency_key!r}'} matched existing job {job.id} "
                 f"({job.state}); nothing new enqueued"
             )
 
@@ -196,6 +232,7 @@ Exit status 2 on bad input (nothing is written)."""
                 *TEMPLATE_FLAGS,
                 "webhook_url",
                 *BACKOFF_FLAGS,
+                *ADMISSION_FLAGS,
             )
             if o[k] is not None
         }
@@ -242,7 +279,10 @@ Exit status 2 on bad input (nothing is written)."""
             },
             "webhook_url": o["webhook_url"],
             **{k: o[k] for k in BACKOFF_FLAGS},
+            **{k: o[k] for k in ADMISSION_FLAGS},
         }
+        if o["unique_while"] is not None and "," in o["unique_while"]:
+            options["unique_while"] = [s.strip() for s in o["unique_while"].split(",")]
         return kind, payload, {k: v for k, v in options.items() if v is not None}
 
     def from_document(self, text):
