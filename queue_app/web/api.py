@@ -20,7 +20,8 @@ from pydantic import ConfigDict, StrictBool
 
 from queue_app.conf import settings
 from queue_app.core import aborting, enqueueing, flow, transitions, validation
-from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound
+from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound, UnknownKind
+from queue_app.handlers import registry
 from queue_app.models import (
     JOB_STATUSES,
     STATUSES,
@@ -414,6 +415,27 @@ def _need_shell(request, kind, options):
         )
 
 
+def _kinds(kind, options):
+    """``kind`` and the kinds of the follow-up templates in ``options``, nested."""
+    yield kind
+    for template in (options.get("on_success"), options.get("on_failure")):
+        if isinstance(template, dict):
+            yield from _kinds(template.get("kind"), template)
+
+
+def _need_known(kind, options):
+    """Refuse a kind no handler is registered for on this site (nor a django.tasks Task it
+    may import): a job no worker can run is a mistake, and the API is no way to reach
+    handlers only some worker loaded (the sample workloads, SAMPLE_HANDLERS)."""
+    for name in _kinds(kind, options):
+        if not isinstance(name, str):
+            continue  # validation says what is wrong with it
+        try:
+            registry.get(name)
+        except UnknownKind as exc:
+            raise InvalidJob(f"unknown kind {name[:100]!r}: {exc}", "kind") from None
+
+
 def _need_shell_for(request, job_id):
     kind = reads.kind_of(job_id)
     if kind is not None:
@@ -466,6 +488,7 @@ def create_job(request: HttpRequest, job: JobIn = Body(...)):
     _need(request, "queue_app.add_job")
     kind, payload, options = _options(job)
     _need_shell(request, kind, options)
+    _need_known(kind, options)
     created = enqueueing.enqueue(kind, payload, **options)
     if job.strict and not created.was_created:
         message = f"idempotency_key matches job {created.id} ({created.state}); it was not enqueued again"
@@ -486,6 +509,10 @@ def create_jobs(request: HttpRequest, body: BulkIn):
         except InvalidJob as exc:
             raise InvalidJob(f"job {i}: {exc}", exc.field) from None
         _need_shell(request, kind, options)
+        try:
+            _need_known(kind, options)
+        except InvalidJob as exc:
+            raise InvalidJob(f"job {i}: {exc}", exc.field) from None
         specs.append({"kind": kind, "payload": payload, **options})
     return Status(201, _shown(request, attach_statuses(enqueueing.bulk_enqueue(specs))))
 
