@@ -68,6 +68,30 @@ def test_no_request_gets_a_server_error_or_breaks_the_schema(case, api_key):
     case.call_and_validate(headers={queue_settings.API_KEY_HEADER: api_key}, checks=CHECKS)
 
 
+@pytest.mark.django_db
+def test_no_sequence_of_calls_gets_a_server_error_or_breaks_the_schema(api_key):
+    """The stateful phase: chains of calls linked by the ids one returns and the next takes
+    (enqueue, then get, cancel or requeue that job; list dead letters, then replay one)."""
+
+    class Workflow(schema.as_state_machine()):
+        def get_call_kwargs(self, case):
+            return {"headers": {queue_settings.API_KEY_HEADER: api_key}}
+
+        def validate_response(self, response, case, additional_checks=None, **kwargs):
+            case.validate_response(response, checks=CHECKS, transport_kwargs=kwargs)
+
+    Workflow.run(
+        settings=settings(
+            max_examples=int(os.environ.get("FUZZ_EXAMPLES", 15)),
+            stateful_step_count=6,
+            derandomize=True,
+            deadline=None,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
+    )
+
+
 # --- what the fuzz guards, pinned as plain examples -----------------------------------
 
 
