@@ -204,16 +204,11 @@ JOBQUEUE = {
     "LEASE_SECONDS": env.float("JOBQUEUE_LEASE_SECONDS", default=30.0),
     "AGING_INTERVAL": env.float("JOBQUEUE_AGING_INTERVAL", default=30.0),
     "DEFAULT_MAX_ATTEMPTS": env.int("JOBQUEUE_DEFAULT_MAX_ATTEMPTS", default=3),
-    # The bundled sample workloads, so `enqueue --kind email` then `runworker --kind email` works.
-    "HANDLERS": {
-        "email": "queue_app.ops.samples.email",
-        "report": "queue_app.ops.samples.report",
-        "flaky": "queue_app.ops.samples.flaky",
-        "slow": "queue_app.ops.samples.slow",
-        "webhook": "queue_app.ops.samples.webhook",
-        "crashy": "queue_app.ops.samples.crashy",
-        "shell": "queue_app.ops.samples.shell",
-    },
+    # JOBQUEUE_SAMPLE_HANDLERS=1 registers the bundled sample workloads (email, report,
+    # flaky, slow, webhook, crashy), so `enqueue --kind email` then `runworker`
+    # works by hand; `manage.py demo` and the tests turn it on themselves. Never in
+    # production: any API writer could crash or tie up the workers with them.
+    "SAMPLE_HANDLERS": env.bool("JOBQUEUE_SAMPLE_HANDLERS", default=False),
     # Where a django.tasks kind may be imported from (comma-separated); unset: the
     # installed apps' and the project's packages.
     "TASK_MODULES": env.list("JOBQUEUE_TASK_MODULES", default=None),

@@ -8,8 +8,11 @@ class QueueAppConfig(AppConfig):
 
     def ready(self):
         from queue_app import checks  # noqa: F401  (registers the system checks)
-        from queue_app.core import webhooks
+        from queue_app.core import validation, webhooks
         from queue_app.handlers import registry
+        from queue_app.worker import shell
 
         registry.register(webhooks.KIND, webhooks.deliver)
+        # Refuses to run unless SHELL_JOBS is on where the worker runs.
+        registry.register(validation.SHELL_KIND, shell.run)
         registry.load_configured_handlers()

@@ -5,8 +5,12 @@ lets one worker's write lock fail another's with "database is locked" when sever
 processes share the file, so workers and enqueues fail at random under load.
 """
 
+import re
+
 from django.conf import settings
 from django.core import checks
+
+from queue_app.conf import settings as queue_settings
 
 SQLITE_FIX = (
     'Set DATABASES[{alias!r}]["OPTIONS"] = {{"transaction_mode": "IMMEDIATE", "timeout": 30, '
@@ -43,6 +47,36 @@ def sqlite_warnings(databases):
                     "enqueues) wait for every worker's write and time out under load.",
                     hint=SQLITE_FIX.format(alias=alias, n=2),
                     id="queue_app.W002",
+                )
+            )
+    return out
+
+
+@checks.register()
+def redaction_options(app_configs=None, **kwargs):
+    """REDACT_KEYS must be words and REDACT_PATTERNS regular expressions: a bad one would
+    fail every page that shows a payload."""
+    out = []
+    keys = queue_settings.REDACT_KEYS
+    if isinstance(keys, str) or not all(isinstance(k, str) and k for k in keys):
+        out.append(
+            checks.Error(
+                f'JOBQUEUE["REDACT_KEYS"] must be a list of non-empty strings, got {keys!r}',
+                id="queue_app.E001",
+            )
+        )
+    patterns = queue_settings.REDACT_PATTERNS
+    if isinstance(patterns, str):
+        patterns = [None]  # a lone string would be read as one pattern per character
+    for i, pattern in enumerate(patterns):
+        try:
+            re.compile(pattern)
+        except (re.error, TypeError) as exc:  # None: TypeError
+            out.append(
+                checks.Error(
+                    f'JOBQUEUE["REDACT_PATTERNS"][{i}] {pattern!r} is not a regular expression: {exc}',
+                    hint="REDACT_PATTERNS is a list of Python regular expressions.",
+                    id="queue_app.E002",
                 )
             )
     return out

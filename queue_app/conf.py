@@ -38,6 +38,11 @@ DEFAULTS = {
     "BULK_BATCH_SIZE": 500,
     # kind -> "dotted.path.to.callable", merged into the handler registry at start-up.
     "HANDLERS": {},
+    # True registers the sample workloads (ops/samples.py: email, report, webhook, flaky,
+    # slow, crashy) for the demo, the tests and trying the queue by hand. Off in a
+    # real deployment: crashy kills its worker's process and slow holds it for minutes,
+    # so any API writer could take the workers down.
+    "SAMPLE_HANDLERS": False,
     # Fault injection (faults.py): kind -> FaultPlan options, e.g. {"email": {"seed": 7,
     # "error": 0.1, "delay": [0.05, 0.2]}}; wraps that kind's handler wherever it is looked up.
     "FAULTS": {},

@@ -12,6 +12,9 @@ from tests import sample_handlers as handlers
 # the tests' manage.py subprocesses inherit this one.
 TEST_SECRET_KEY = "tests-only-not-a-secret"
 os.environ.setdefault("SECRET_KEY", TEST_SECRET_KEY)
+# The sample workloads (crashy, slow ...) are registered only where asked: the tests'
+# manage.py subprocesses inherit this; the test process registers them in pytest_configure.
+os.environ["JOBQUEUE_SAMPLE_HANDLERS"] = "1"
 
 
 def pytest_configure(config):
@@ -26,6 +29,7 @@ def pytest_configure(config):
         missing = True
     if missing:
         settings.SECRET_KEY = os.environ["SECRET_KEY"]
+    registry.load_samples()
 
 
 def pytest_report_header(config):
@@ -50,6 +54,7 @@ PROJECT_ENV_DEFAULTS = {
     "AGING_INTERVAL": 30.0,
     "DEFAULT_MAX_ATTEMPTS": 3,
     "SHELL_JOBS": False,
+    "SAMPLE_HANDLERS": True,
 }
 
 

@@ -28,3 +28,19 @@ def test_the_projects_sqlite_options_and_other_databases_pass():
 def test_the_check_is_registered_with_django_and_the_projects_settings_pass_it():
     assert sqlite_options in checks.registry.registry.get_checks()
     assert sqlite_options() == []
+
+
+def test_redaction_settings_that_would_fail_every_page_are_errors(settings):
+    from queue_app.checks import redaction_options
+
+    assert redaction_options() == []
+    settings.JOBQUEUE = {
+        **settings.JOBQUEUE,
+        "REDACT_KEYS": "password",
+        "REDACT_PATTERNS": ["ok", "(unclosed"],
+    }
+    errors = redaction_options()
+    assert [e.id for e in errors] == ["queue_app.E001", "queue_app.E002"]
+    assert "REDACT_PATTERNS\"][1] '(unclosed' is not a regular expression" in errors[1].msg
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "REDACT_KEYS": ["token"], "REDACT_PATTERNS": r"\d+"}
+    assert [e.id for e in redaction_options()] == ["queue_app.E002"]

@@ -198,7 +198,22 @@ def _declares_job(func):
         return False
 
 
+# The sample workloads SAMPLE_HANDLERS registers (dotted paths: they live in ops/, above).
+SAMPLES = {
+    kind: f"queue_app.ops.samples.{kind}"
+    for kind in ("email", "report", "webhook", "flaky", "slow", "crashy")
+}
+
+
+def load_samples():
+    """Register the sample workloads (SAMPLES)."""
+    for kind, path in SAMPLES.items():
+        register(kind, import_string(path))
+
+
 def load_configured_handlers():
+    if settings.SAMPLE_HANDLERS:
+        load_samples()
     for kind, path in (settings.HANDLERS or {}).items():
         register(kind, import_string(path) if isinstance(path, str) else path)
     faults.configure(known=kinds())

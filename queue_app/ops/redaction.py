@@ -97,8 +97,7 @@ _TEXTS = ("message", "last_error_message", "error_message", "progress_message")
 def row(obj):
     """A shallow copy of a Job, Event or DeadLetter (or a list row of one) as a caller
     without PERMISSION sees it. Deferred columns stay deferred; the original is untouched."""
-    shown = copy.copy(obj)
-    shown.__dict__ = dict(obj.__dict__)
+    shown = copy.copy(obj)  # a model's copy has its own __dict__ and state
     loaded = shown.__dict__
     for name in _JSON_FIELDS:
         if name in loaded:

@@ -1,4 +1,5 @@
-"""Sample workloads the example project registers: enough to try the queue by hand.
+"""Sample workloads for the demo, the tests and trying the queue by hand, registered
+only with JOBQUEUE["SAMPLE_HANDLERS"] (registry.SAMPLES names them).
 
 Each handler takes the job's JSON payload; ``flaky`` also looks at the job's attempt.
 """
@@ -70,17 +71,6 @@ def crashy(payload, job):
 shell = shell_kind.run
 
 
-SAMPLES = {
-    "email": email,
-    "report": report,
-    "webhook": webhook,
-    "flaky": flaky,
-    "slow": slow,
-    "crashy": crashy,
-    "shell": shell,
-}
-
-
 def register():
-    for kind, func in SAMPLES.items():
-        registry.register(kind, func)
+    """Register every sample workload (registry.SAMPLES), whatever SAMPLE_HANDLERS says."""
+    registry.load_samples()

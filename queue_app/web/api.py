@@ -9,7 +9,7 @@ users); reads are open without credentials only when API_READS_OPEN is True.
 
 from datetime import datetime
 from functools import wraps
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from django.http import Http404, HttpRequest, HttpResponseNotAllowed
 from ninja import Body, Field, NinjaAPI, Path, Query, Schema, Status
@@ -20,9 +20,16 @@ from pydantic import ConfigDict, StrictBool
 
 from queue_app.conf import settings
 from queue_app.core import aborting, enqueueing, flow, transitions, validation
-from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound
+from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound, UnknownKind
+from queue_app.handlers import registry
 from queue_app.models import (
+    CONCURRENCY_KEY_MAX_LENGTH,
+    IDEMPOTENCY_KEY_MAX_LENGTH,
     JOB_STATUSES,
+    KIND_MAX_LENGTH,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    QUEUE_NAME_MAX_LENGTH,
     STATUSES,
     WORKER_STATUSES,
     DeadLetter,
@@ -170,6 +177,11 @@ def _invalid_input(request, exc):
     first = exc.errors[0] if exc.errors else {}
     field = name(first.get("loc", ()))
     message = f"{field}: {first.get('msg', 'invalid')}" if field else first.get("msg", "invalid request body")
+    entry, _, inner = (field or "").partition(".")
+    index, _, inner = inner.partition(".")
+    if entry == "jobs" and index.isdigit() and inner:
+        # A bulk entry's field, named as the bulk's own checks name it: "job 1: priority ...".
+        field, message = inner, f"job {index}: {inner}: {first.get('msg', 'invalid')}"
     details = [{"field": name(e.get("loc", ())), "message": e.get("msg", "")} for e in exc.errors]
     return _error(request, 400, message, field, details=details)
 
@@ -219,23 +231,44 @@ REFUSALS = {400: Refused, 401: Refused, 403: Refused, 413: Refused}
 WRITE_REFUSALS = REFUSALS
 
 
+# The schema states the bounds validation (core/validation.py) enforces, so what it
+# documents as valid is what the API takes: names, lengths and ranges.
+NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.:\-]*$"
+KindName = Annotated[str, Field(min_length=1, max_length=KIND_MAX_LENGTH, pattern=NAME_PATTERN)]
+QueueName = Annotated[str, Field(min_length=1, max_length=QUEUE_NAME_MAX_LENGTH, pattern=NAME_PATTERN)]
+MaxAttempts = Annotated[int, Field(ge=1, le=settings.MAX_ATTEMPTS_LIMIT)]
+TEN_YEARS = validation.MAX_SCHEDULE_AHEAD.total_seconds()
+
+
 class JobIn(Schema):
     model_config = ConfigDict(extra="forbid")
 
-    kind: str = Field(..., description="Which handler runs the job.", examples=["email"])
+    kind: KindName = Field(..., description="Which handler runs the job.", examples=["email"])
     payload: Any = Field(default=None, description="Any JSON value; {} when omitted.")
-    queue_name: str | None = None
-    priority: int | None = Field(default=None, description="-100..100, higher runs first.")
-    run_at: datetime | None = Field(default=None, description="Earliest start; timezone-aware ISO 8601.")
-    run_after: float | None = Field(default=None, description="Earliest start as seconds from now.")
-    max_attempts: int | None = None
-    idempotency_key: str | None = None
+    queue_name: QueueName | None = None
+    priority: int | None = Field(
+        default=None, ge=PRIORITY_MIN, le=PRIORITY_MAX, description="-100..100, higher runs first."
+    )
+    run_at: datetime | None = Field(
+        default=None, description="Earliest start; timezone-aware ISO 8601, within 10 years of now."
+    )
+    run_after: float | None = Field(
+        default=None, ge=0, le=TEN_YEARS, description="Earliest start as seconds from now."
+    )
+    max_attempts: MaxAttempts | None = None
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=IDEMPOTENCY_KEY_MAX_LENGTH)
     concurrency_key: str | None = Field(
         default=None,
+        min_length=1,
+        max_length=CONCURRENCY_KEY_MAX_LENGTH,
         description="With the kind's per_key limit, at most per_key jobs with this key run at once.",
     )
-    timeout: float | None = Field(default=None, description="Seconds one attempt may run.")
-    unique_for: float | None = Field(default=None, description="Seconds the idempotency key dedupes for.")
+    timeout: float | None = Field(
+        default=None, gt=0, le=settings.MAX_TIMEOUT_SECONDS, description="Seconds one attempt may run."
+    )
+    unique_for: float | None = Field(
+        default=None, gt=0, le=TEN_YEARS, description="Seconds the idempotency key dedupes for."
+    )
     strict: bool = Field(
         default=False, description="409 instead of 200 when the idempotency key matches a job."
     )
@@ -247,9 +280,17 @@ class JobIn(Schema):
         default=None, description="POSTed the outcome; host must be allow-listed."
     )
     backoff_base: float | None = Field(
-        default=None, description="Retry after backoff_base ** attempt seconds, 1..100."
+        default=None,
+        ge=validation.BACKOFF_BASE_RANGE[0],
+        le=validation.BACKOFF_BASE_RANGE[1],
+        description="Retry after backoff_base ** attempt seconds, 1..100.",
     )
-    backoff_max: float | None = Field(default=None, description="Seconds; the cap on one retry delay.")
+    backoff_max: float | None = Field(
+        default=None,
+        gt=0,
+        le=validation.MAX_BACKOFF_SECONDS,
+        description="Seconds; the cap on one retry delay.",
+    )
     backoff_jitter: StrictBool | None = Field(default=None, description="Spread each retry over 0..delay.")
     # Debounce and uniqueness by state (validation.admission).
     debounce_key: str | None = Field(
@@ -287,7 +328,7 @@ class RequeueIn(Schema):
     model_config = ConfigDict(extra="forbid")
 
     payload: Any = Field(default=None, description="Replaces the payload when given.")
-    max_attempts: int | None = None
+    max_attempts: MaxAttempts | None = None
 
 
 class JobFields(Schema):
@@ -443,6 +484,27 @@ def _need_shell(request, kind, options):
         )
 
 
+def _kinds(kind, options):
+    """``kind`` and the kinds of the follow-up templates in ``options``, nested."""
+    yield kind
+    for template in (options.get("on_success"), options.get("on_failure")):
+        if isinstance(template, dict):
+            yield from _kinds(template.get("kind"), template)
+
+
+def _need_known(kind, options):
+    """Refuse a kind no handler is registered for on this site (nor a django.tasks Task it
+    may import): a job no worker can run is a mistake, and the API is no way to reach
+    handlers only some worker loaded (the sample workloads, SAMPLE_HANDLERS)."""
+    for name in _kinds(kind, options):
+        if not isinstance(name, str):
+            continue  # validation says what is wrong with it
+        try:
+            registry.get(name)
+        except UnknownKind as exc:
+            raise InvalidJob(f"unknown kind {name[:100]!r}: {exc}", "kind") from None
+
+
 def _need_shell_for(request, job_id):
     kind = reads.kind_of(job_id)
     if kind is not None:
@@ -496,6 +558,7 @@ def create_job(request: HttpRequest, job: JobIn = Body(...)):
     _need(request, "queue_app.add_job")
     kind, payload, options = _options(job)
     _need_shell(request, kind, options)
+    _need_known(kind, options)
     created = enqueueing.enqueue(kind, payload, **options)
     key = "unique_key" if options.get("unique_key") is not None else "idempotency_key"
     if job.strict and not created.was_created and options.get("debounce_key") is None:
@@ -517,6 +580,10 @@ def create_jobs(request: HttpRequest, body: BulkIn):
         except InvalidJob as exc:
             raise InvalidJob(f"job {i}: {exc}", exc.field) from None
         _need_shell(request, kind, options)
+        try:
+            _need_known(kind, options)
+        except InvalidJob as exc:
+            raise InvalidJob(f"job {i}: {exc}", exc.field) from None
         specs.append({"kind": kind, "payload": payload, **options})
     return Status(201, _shown(request, attach_statuses(enqueueing.bulk_enqueue(specs))))
 
@@ -525,9 +592,11 @@ def create_jobs(request: HttpRequest, body: BulkIn):
 def list_jobs(
     request: HttpRequest,
     state: StateName | None = None,
-    status: StatusName | None = Query(None, description="A state, a derived status (ready ...) or late."),
-    kind: str | None = Query(None, max_length=255),
-    queue: str | None = Query(None, max_length=255),
+    status: StatusName | None = Query(
+        None, description="A state, a derived status (ready ...) or late; not with state."
+    ),
+    kind: str | None = Query(None, min_length=1, max_length=KIND_MAX_LENGTH, pattern=NAME_PATTERN),
+    queue: str | None = Query(None, min_length=1, max_length=QUEUE_NAME_MAX_LENGTH, pattern=NAME_PATTERN),
     before: int | None = Query(None, ge=1, le=MAX_ID, description="Only jobs with a smaller id."),
     limit: int | None = Query(None, ge=1, le=10_000),
 ):
@@ -656,8 +725,8 @@ def list_workers(request: HttpRequest, limit: int | None = Query(None, ge=1, le=
 class PauseIn(Schema):
     model_config = ConfigDict(extra="forbid")
 
-    queue: str | None = None
-    kind: str | None = None
+    queue: QueueName | None = None
+    kind: KindName | None = None
     reason: str = ""
 
 
@@ -686,7 +755,11 @@ def create_pause(request: HttpRequest, body: PauseIn):
 
 
 @api.delete("/pauses", response={200: dict, **WRITE_REFUSALS, 404: Refused}, tags=["queue"])
-def delete_pause(request: HttpRequest, queue: str | None = Query(None), kind: str | None = Query(None)):
+def delete_pause(
+    request: HttpRequest,
+    queue: str | None = Query(None, min_length=1, max_length=QUEUE_NAME_MAX_LENGTH, pattern=NAME_PATTERN),
+    kind: str | None = Query(None, min_length=1, max_length=KIND_MAX_LENGTH, pattern=NAME_PATTERN),
+):
     """Resume a paused queue (?queue=) or kind (?kind=); 404 when it was not paused."""
     _need(request, "queue_app.delete_pause")
     if not flow.resume(queue=queue, kind=kind):

@@ -18,16 +18,29 @@ from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
+    negative_data_rejection,
     response_schema_conformance,
     status_code_conformance,
 )
 
 from queue_app.conf import settings as queue_settings
+from queue_app.web import api
 from queue_app.web import auth as api_auth
 
 schema = schemathesis.openapi.from_wsgi("/api/openapi.json", get_wsgi_application())
 
-CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
+# negative_data_rejection: a request the schema calls invalid must be refused (4xx): the
+# API takes nothing its schema forbids. The other direction (what it calls
+# valid is accepted) holds for each field's own bounds (test_the_schema_states_...), not
+# for rules across fields or the registry (run_at or run_after, state or status, a kind
+# some handler runs), which a schema cannot state.
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+    negative_data_rejection,
+]
 
 
 @pytest.fixture
@@ -53,6 +66,30 @@ def api_key(db):
 )
 def test_no_request_gets_a_server_error_or_breaks_the_schema(case, api_key):
     case.call_and_validate(headers={queue_settings.API_KEY_HEADER: api_key}, checks=CHECKS)
+
+
+@pytest.mark.django_db
+def test_no_sequence_of_calls_gets_a_server_error_or_breaks_the_schema(api_key):
+    """The stateful phase: chains of calls linked by the ids one returns and the next takes
+    (enqueue, then get, cancel or requeue that job; list dead letters, then replay one)."""
+
+    class Workflow(schema.as_state_machine()):
+        def get_call_kwargs(self, case):
+            return {"headers": {queue_settings.API_KEY_HEADER: api_key}}
+
+        def validate_response(self, response, case, additional_checks=None, **kwargs):
+            case.validate_response(response, checks=CHECKS, transport_kwargs=kwargs)
+
+    Workflow.run(
+        settings=settings(
+            max_examples=int(os.environ.get("FUZZ_EXAMPLES", 15)),
+            stateful_step_count=6,
+            derandomize=True,
+            deadline=None,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
+    )
 
 
 # --- what the fuzz guards, pinned as plain examples -----------------------------------
@@ -165,3 +202,34 @@ def test_an_unknown_dead_letter_is_a_json_404(client_with_key):
     r = client_with_key.post("/api/dead-letters/987654/replay")
     assert r.status_code == 404
     assert r.json() == {"error": "dead letter 987654 does not exist", "field": None}
+
+
+WEEK = 7 * 24 * 3600
+
+
+@pytest.mark.parametrize(
+    "field, bounds, edge, past",
+    [
+        ("priority", {"minimum": -100, "maximum": 100}, -100, 101),
+        ("max_attempts", {"minimum": 1, "maximum": 1000}, 1000, 0),
+        ("run_after", {"minimum": 0, "maximum": 3650 * 86400}, 0, -1),
+        ("timeout", {"exclusiveMinimum": 0, "maximum": WEEK}, WEEK, WEEK + 1),
+        ("unique_for", {"exclusiveMinimum": 0, "maximum": 3650 * 86400}, 60, 0),
+        ("backoff_base", {"minimum": 1, "maximum": 100}, 100, 0.5),
+        ("backoff_max", {"exclusiveMinimum": 0, "maximum": WEEK}, WEEK, 0),
+        ("queue_name", {"minLength": 1, "maxLength": 100, "pattern": api.NAME_PATTERN}, "q" * 100, "a b"),
+        ("kind", {"minLength": 1, "maxLength": 200, "pattern": api.NAME_PATTERN}, "echo", "echo\n"),
+        ("idempotency_key", {"minLength": 1, "maxLength": 255}, "k" * 255, ""),
+        ("concurrency_key", {"minLength": 1, "maxLength": 255}, "c" * 255, "c" * 256),
+    ],
+)
+def test_the_schema_states_each_bound_validation_enforces(client_with_key, field, bounds, edge, past):
+    prop = api.api.get_openapi_schema()["components"]["schemas"]["JobIn"]["properties"][field]
+    stated = next((s for s in prop.get("anyOf", [prop]) if s.get("type") != "null"), prop)
+    assert {k: stated[k] for k in bounds} == bounds
+    extra = {"idempotency_key": "dedupe"} if field == "unique_for" else {}
+    body = {"kind": "echo", **extra, field: edge}
+    r = client_with_key.post("/api/jobs", body, content_type="application/json")
+    assert r.status_code == 201, r.content  # the edge the schema allows, the API takes
+    r = client_with_key.post("/api/jobs", {**body, field: past}, content_type="application/json")
+    assert (r.status_code, r.json()["field"]) == (400, field)

@@ -142,6 +142,9 @@ def child_env():
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     # A test run's SQLite name must not redirect the demo's database.
     env.pop("SQLITE_TEST_NAME", None)
+    # The story's jobs are the sample workloads (crashy, slow ...), which only the demo,
+    # the tests and a hand-run try register.
+    env["JOBQUEUE_SAMPLE_HANDLERS"] = "1"
     # Its workers refuse to start without a key; the demo's throwaway database signs
     # nothing that outlives it, so a throwaway key is enough.
     env.setdefault("SECRET_KEY", secrets.token_urlsafe(50))

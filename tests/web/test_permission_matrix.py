@@ -1,0 +1,212 @@
+"""The permission matrix: every principal against every API endpoint and dashboard page,
+reads and writes, with the status each must get; a refused request writes nothing and an
+allowed write changes something.
+
+Principals: nobody, a logged-in user who is not staff, staff with no permission, staff
+with the view permissions, staff with the change permissions, a superuser, and API keys
+read-only, write (enqueue), operate, expired and revoked. The dashboard takes no API key:
+a request carrying one is anonymous there.
+"""
+
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.urls import reverse
+from django.utils import timezone
+
+from queue_app.models import ApiKey, Event, Job, Pause, PauseScope, Worker
+from queue_app.web import api as api_module
+from queue_app.web import auth
+from queue_app.web import urls as dashboard_urls
+from tests.factories import DeadLetterFactory, JobFactory, WorkerFactory, make_staff
+
+pytestmark = pytest.mark.django_db
+
+VIEW = ["view_job", "view_event", "view_deadletter", "view_worker", "view_pause"]
+CHANGE = [*VIEW, "add_job", "change_job", "delete_job", "change_worker", "add_pause", "delete_pause"]
+
+
+def _staff(*perms):
+    return lambda: ("session", make_staff("staff", *[f"queue_app.{p}" for p in perms]))
+
+
+def _key(*scopes, expired=False, revoked=False):
+    def make():
+        key, raw = auth.create("key", scopes=scopes)
+        if expired:
+            ApiKey.objects.filter(id=key.id).update(expires_at=timezone.now() - timedelta(seconds=1))
+        if revoked:
+            auth.revoke("key")
+        return "key", raw
+
+    return make
+
+
+PRINCIPALS = {
+    "anonymous": lambda: (None, None),
+    "user": lambda: ("session", get_user_model().objects.create_user("user", password="pw")),
+    "staff_none": _staff(),
+    "staff_view": _staff(*VIEW),
+    "staff_change": _staff(*CHANGE),
+    "superuser": lambda: ("session", get_user_model().objects.create_superuser("root", password="pw")),
+    "key_read": _key("read"),
+    "key_write": _key("read", "write"),
+    "key_operate": _key("read", "operate"),
+    "key_expired": _key("read", "write", "operate", expired=True),
+    "key_revoked": _key("read", "write", "operate", revoked=True),
+}
+
+# What each principal gets, per kind of API endpoint: "ok" is the endpoint's own success.
+API_EXPECTED = {
+    "anonymous": {"read": 401, "enqueue": 401, "operate": 401},
+    "user": {"read": 401, "enqueue": 401, "operate": 401},
+    "staff_none": {"read": 403, "enqueue": 403, "operate": 403},
+    "staff_view": {"read": "ok", "enqueue": 403, "operate": 403},
+    "staff_change": {"read": "ok", "enqueue": "ok", "operate": "ok"},
+    "superuser": {"read": "ok", "enqueue": "ok", "operate": "ok"},
+    "key_read": {"read": "ok", "enqueue": 403, "operate": 403},
+    "key_write": {"read": "ok", "enqueue": "ok", "operate": 403},
+    "key_operate": {"read": "ok", "enqueue": 403, "operate": "ok"},
+    "key_expired": {"read": 401, "enqueue": 401, "operate": 401},
+    "key_revoked": {"read": 401, "enqueue": 401, "operate": 401},
+}
+
+# (name, kind, method, path, body, success status); {pending}, {dead}, {letter} are ids.
+API = [
+    ("list jobs", "read", "get", "/api/jobs", None, 200),
+    ("get job", "read", "get", "/api/jobs/{pending}", None, 200),
+    ("stats", "read", "get", "/api/stats", None, 200),
+    ("dead letters", "read", "get", "/api/dead-letters", None, 200),
+    ("workers", "read", "get", "/api/workers", None, 200),
+    ("pauses", "read", "get", "/api/pauses", None, 200),
+    ("enqueue", "enqueue", "post", "/api/jobs", {"kind": "echo"}, 201),
+    ("bulk enqueue", "enqueue", "post", "/api/jobs/bulk", {"jobs": [{"kind": "echo"}]}, 201),
+    ("cancel", "operate", "delete", "/api/jobs/{pending}", None, 200),
+    ("requeue", "operate", "post", "/api/jobs/{dead}/requeue", {}, 200),
+    ("replay", "operate", "post", "/api/dead-letters/{letter}/replay", None, 200),
+    ("pause", "operate", "post", "/api/pauses", {"queue": "other"}, 201),
+    ("resume", "operate", "delete", "/api/pauses?queue=mail", None, 200),
+]
+
+# The dashboard: "login" is a redirect to the admin's login page, "done" a redirect back
+# after the action ran, "kept" a redirect back with the action refused (nothing written).
+SESSIONLESS = {"page": "login", "act": "login"}
+DASHBOARD_EXPECTED = {
+    "anonymous": SESSIONLESS,
+    "user": SESSIONLESS,
+    "staff_none": {"page": 403, "act": 403},
+    "staff_view": {"page": 200, "act": 403},
+    "staff_change": {"page": 200, "act": "done"},
+    "superuser": {"page": 200, "act": "done"},
+    **{name: SESSIONLESS for name in PRINCIPALS if name.startswith("key_")},
+}
+# Editing a payload shows it whole: without view_unredacted_payload it is refused.
+KEPT = {("staff_change", "edit payload")}
+
+DASHBOARD = [
+    ("overview", "page", "get", "overview", (), None),
+    ("jobs", "page", "get", "jobs", (), None),
+    ("job", "page", "get", "job", ("pending",), None),
+    ("dead letters page", "page", "get", "dead_letters", (), None),
+    ("workers page", "page", "get", "workers", (), None),
+    ("queues", "page", "get", "queues", (), None),
+    ("requeue", "act", "post", "job_action", ("dead", "requeue"), {}),
+    ("retry now", "act", "post", "job_action", ("pending", "retry_now"), {}),
+    ("cancel", "act", "post", "job_action", ("pending", "cancel"), {}),
+    ("change priority", "act", "post", "job_action", ("pending", "change_priority"), {"priority": "7"}),
+    ("edit payload", "act", "post", "job_action", ("pending", "edit_payload"), {"payload": '{"n": 99}'}),
+    ("delete", "act", "post", "job_action", ("pending", "delete"), {}),
+    ("stop worker", "act", "post", "worker_stop", ("worker",), {}),
+]
+
+
+@pytest.fixture
+def world():
+    """One of each row the endpoints act on; ids by name."""
+    pending = JobFactory(kind="echo", run_at=timezone.now() + timedelta(hours=1))
+    letter = DeadLetterFactory(job=JobFactory(kind="echo", dead=True))
+    worker = WorkerFactory()
+    Pause.objects.create(scope=PauseScope.QUEUE, name="mail")
+    return {"pending": pending.id, "dead": letter.job_id, "letter": letter.id, "worker": worker.id}
+
+
+def fingerprint():
+    """Everything a write could change."""
+    return (
+        sorted(Job.objects.values_list("id", "state", "priority", "run_at", "payload")),
+        Event.objects.count(),
+        sorted(Pause.objects.values_list("scope", "name")),
+        sorted(Worker.objects.values_list("id", "stop_requested_at")),
+    )
+
+
+def as_principal(client, name):
+    how, who = PRINCIPALS[name]()
+    if how == "session":
+        client.force_login(who)
+    return {"HTTP_X_API_KEY": who} if how == "key" else {}
+
+
+def cells(table):
+    return [
+        pytest.param(principal, endpoint, id=f"{principal}-{endpoint[0]}")
+        for principal in PRINCIPALS
+        for endpoint in table
+    ]
+
+
+@pytest.mark.parametrize("principal, endpoint", cells(API))
+def test_api(client, world, principal, endpoint):
+    _, kind, method, path, body, success = endpoint
+    headers = as_principal(client, principal)
+    expected = API_EXPECTED[principal][kind]
+    before = fingerprint()
+    send = getattr(client, method)
+    url = path.format(**world)
+    if body is None:
+        response = send(url, **headers)
+    else:
+        response = send(url, body, content_type="application/json", **headers)
+    assert response.status_code == (success if expected == "ok" else expected), response.content
+    assert response["Content-Type"].startswith("application/json")
+    changed = fingerprint() != before
+    assert changed == (expected == "ok" and method != "get")
+
+
+@pytest.mark.parametrize("principal, endpoint", cells(DASHBOARD))
+def test_dashboard(client, world, principal, endpoint):
+    name, kind, method, view, args, data = endpoint
+    headers = as_principal(client, principal)
+    expected = DASHBOARD_EXPECTED[principal][kind]
+    if (principal, name) in KEPT:
+        expected = "kept"
+    url = reverse(f"queue_app_dashboard:{view}", args=[world.get(a, a) for a in args])
+    before = fingerprint()
+    response = client.get(url, **headers) if method == "get" else client.post(url, data, **headers)
+    if expected in ("login", "done", "kept"):
+        assert response.status_code == 302
+        assert response["Location"].startswith(reverse("admin:login")) == (expected == "login")
+    else:
+        assert response.status_code == expected
+    assert (fingerprint() != before) == (expected == "done")
+
+
+def test_the_matrix_covers_every_api_operation_and_dashboard_view():
+    ids = {"{pending}": "{job_id}", "{dead}": "{job_id}", "{letter}": "{letter_id}"}
+
+    def template(path):
+        path = path.removeprefix("/api").split("?")[0]
+        for cell, param in ids.items():
+            path = path.replace(cell, param)
+        return path
+
+    operations = {
+        (method.lower(), path)
+        for _, router in api_module.api._routers
+        for path, view in router.path_operations.items()
+        for operation in view.operations
+        for method in operation.methods
+    }
+    assert operations == {(method, template(path)) for _, _, method, path, _, _ in API}
+    assert {u.name for u in dashboard_urls.urlpatterns} == {view for _, _, _, view, _, _ in DASHBOARD}
