@@ -15,7 +15,7 @@ from django.contrib.auth import get_user_model
 from django.urls import reverse
 from django.utils import timezone
 
-from queue_app.models import ApiKey, Event, Job, Pause, PauseScope, Worker
+from queue_app.models import ApiKey, Event, Job, Pause, PauseScope, Schedule, Worker
 from queue_app.web import api as api_module
 from queue_app.web import auth
 from queue_app.web import urls as dashboard_urls
@@ -23,7 +23,7 @@ from tests.factories import DeadLetterFactory, JobFactory, WorkerFactory, make_s
 
 pytestmark = pytest.mark.django_db
 
-VIEW = ["view_job", "view_event", "view_deadletter", "view_worker", "view_pause"]
+VIEW = ["view_job", "view_event", "view_deadletter", "view_worker", "view_pause", "view_schedule"]
 CHANGE = [*VIEW, "add_job", "change_job", "delete_job", "change_worker", "add_pause", "delete_pause"]
 
 
@@ -91,18 +91,20 @@ API = [
 
 # The dashboard: "login" is a redirect to the admin's login page, "done" a redirect back
 # after the action ran, "kept" a redirect back with the action refused (nothing written).
-SESSIONLESS = {"page": "login", "act": "login"}
+# "confirm" is the page that asks before an action: it needs the action's permission.
+SESSIONLESS = {"page": "login", "act": "login", "confirm": "login"}
 DASHBOARD_EXPECTED = {
     "anonymous": SESSIONLESS,
     "user": SESSIONLESS,
-    "staff_none": {"page": 403, "act": 403},
-    "staff_view": {"page": 200, "act": 403},
-    "staff_change": {"page": 200, "act": "done"},
-    "superuser": {"page": 200, "act": "done"},
+    "staff_none": {"page": 403, "act": 403, "confirm": 403},
+    "staff_view": {"page": 200, "act": 403, "confirm": 403},
+    "staff_change": {"page": 200, "act": "done", "confirm": 200},
+    "superuser": {"page": 200, "act": "done", "confirm": 200},
     **{name: SESSIONLESS for name in PRINCIPALS if name.startswith("key_")},
 }
-# Editing a payload shows it whole: without view_unredacted_payload it is refused.
-KEPT = {("staff_change", "edit payload")}
+# Editing a payload shows it whole: without view_unredacted_payload it is refused, and
+# the page comes back (400) with what was typed.
+KEPT = {("staff_change", "edit payload"): 400}
 
 DASHBOARD = [
     ("overview", "page", "get", "overview", (), None),
@@ -118,6 +120,11 @@ DASHBOARD = [
     ("edit payload", "act", "post", "job_action", ("pending", "edit_payload"), {"payload": '{"n": 99}'}),
     ("delete", "act", "post", "job_action", ("pending", "delete"), {}),
     ("stop worker", "act", "post", "worker_stop", ("worker",), {}),
+    ("stop worker: confirm", "confirm", "get", "worker_stop", ("worker",), None),
+    ("schedules", "page", "get", "schedules", (), None),
+    ("run schedule now", "act", "post", "schedule_run_now", ("nightly",), {}),
+    ("pause queue", "act", "post", "pause", (), {"queue": "other"}),
+    ("resume queue", "act", "post", "resume", (), {"queue": "mail"}),
 ]
 
 
@@ -128,6 +135,7 @@ def world():
     letter = DeadLetterFactory(job=JobFactory(kind="echo", dead=True))
     worker = WorkerFactory()
     Pause.objects.create(scope=PauseScope.QUEUE, name="mail")
+    Schedule.objects.create(name="nightly", cron="0 3 * * *", kind="echo")
     return {"pending": pending.id, "dead": letter.job_id, "letter": letter.id, "worker": worker.id}
 
 
@@ -179,8 +187,7 @@ def test_dashboard(client, world, principal, endpoint):
     name, kind, method, view, args, data = endpoint
     headers = as_principal(client, principal)
     expected = DASHBOARD_EXPECTED[principal][kind]
-    if (principal, name) in KEPT:
-        expected = "kept"
+    expected = KEPT.get((principal, name), expected)
     url = reverse(f"queue_app_dashboard:{view}", args=[world.get(a, a) for a in args])
     before = fingerprint()
     response = client.get(url, **headers) if method == "get" else client.post(url, data, **headers)
