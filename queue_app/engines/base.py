@@ -205,7 +205,7 @@ class Engine:
     def complete_plain(self, done, owner, at_db, event):
         """Complete those of ``done`` [(job_id, attempt, result, metadata)] that ``owner``
         still holds (the Fence) and that have no follow-up to enqueue (no on_success, no
-        webhook_url), with one ``event`` each (job id and attempt left None, metadata
+        webhook_url, no workflow), with one ``event`` each (job id and attempt left None, metadata
         from ``done`` or the event's own); atomic together. Return the ids completed."""
         raise NotImplementedError
 
@@ -328,5 +328,6 @@ GATED = (
 COMPLETED_SET = (
     "state = 'completed', finished_at = %s, result = %s, lease_owner = NULL, lease_expires_at = NULL"
 )
-# A job a completion can settle in one statement: nothing to enqueue after it.
-NO_FOLLOW_UP = "on_success IS NULL AND webhook_url IS NULL"
+# A job a completion can settle in one statement: nothing to enqueue after it, and no
+# group or dependent to tell (in_workflow: core/workflows.py).
+NO_FOLLOW_UP = "on_success IS NULL AND webhook_url IS NULL AND in_workflow IS NULL"

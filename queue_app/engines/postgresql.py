@@ -202,8 +202,10 @@ class PostgresEngine(Engine):
             event, {EVENT_JOB: "id", EVENT_ATTEMPT: "attempts", EVENT_METADATA: "COALESCE(meta::jsonb, %s)"}
         )
         t = rows.JOB_TABLE
-        no_follow_up = NO_FOLLOW_UP.replace("on_success", f"{t}.on_success").replace(
-            "webhook_url", f"{t}.webhook_url"
+        no_follow_up = (
+            NO_FOLLOW_UP.replace("on_success", f"{t}.on_success")
+            .replace("webhook_url", f"{t}.webhook_url")
+            .replace("in_workflow", f"{t}.in_workflow")
         )
         sql = f"""
         WITH v(id, attempt, result, meta) AS (VALUES {rows.placeholders(4, len(done))}),

@@ -54,3 +54,13 @@ def collate_keys_0010(collation):
         schema_editor.execute(f"ALTER TABLE queue_app_job {changes}")
 
     return run
+
+
+# 0017: on SQLite, changing the state check constraint (the new ``waiting`` state) rebuilds
+# the job table, which keeps only the indexes Django knows of: the claim indexes of 0002
+# are made again, as they were.
+def recreate_claim_indexes_0017(apps, schema_editor):
+    if schema_editor.connection.vendor != "sqlite":
+        return
+    for name, cols in CLAIM_INDEXES_PARTIAL:
+        schema_editor.execute(f"CREATE INDEX IF NOT EXISTS {name} ON queue_app_job {cols}")

@@ -41,7 +41,7 @@ from queue_app.models import (
 )
 
 # Stored states, in the order every surface shows them.
-STATES = (State.PENDING, State.LEASED, State.COMPLETED, State.DEAD_LETTER, State.CANCELLED)
+STATES = (State.WAITING, State.PENDING, State.LEASED, State.COMPLETED, State.DEAD_LETTER, State.CANCELLED)
 # The pending breakdown: each pending status, then late (a part of ready).
 PENDING_COUNTS = (*PENDING_STATUSES, LATE)
 FAILURE_EVENTS = (EventType.FAILED, EventType.DEAD_LETTERED, EventType.RECOVERED)
@@ -169,8 +169,8 @@ def pauses():
 
 
 def queues():
-    """Live jobs (pending, leased, dead) per queue and kind; finished ones are history."""
-    live = [State.PENDING, State.LEASED, State.DEAD_LETTER]
+    """Live jobs (waiting, pending, leased, dead) per queue and kind; finished ones are history."""
+    live = [State.WAITING, State.PENDING, State.LEASED, State.DEAD_LETTER]
     table = {}
     rows = (
         Job.objects.filter(state__in=live)
@@ -194,7 +194,7 @@ def filter_choices(sample=5000):
     and the filters take any value typed in the address anyway.
     """
     rows = list(
-        Job.objects.filter(state__in=[State.PENDING, State.LEASED, State.DEAD_LETTER])
+        Job.objects.filter(state__in=[State.WAITING, State.PENDING, State.LEASED, State.DEAD_LETTER])
         .order_by("-id")
         .values_list("kind", "queue_name")[:sample]
     )

@@ -337,8 +337,8 @@ class DatabaseBackend(BaseTaskBackend):
             **{name: pick(name) for name in BACKOFF_FIELDS},
         }
 
-    def enqueue(self, task, args, kwargs):
-        """Queue up a task to be executed."""
+    def request(self, task, args, kwargs):
+        """The validated EnqueueRequest of a call of ``task`` (InvalidTask if refused)."""
         key = (self.alias, task) if task.run_after is None else None
         try:
             template = _REQUESTS.get(key)
@@ -350,7 +350,6 @@ class DatabaseBackend(BaseTaskBackend):
             payload = {"args": normalize_json(list(args)), "kwargs": normalize_json(dict(kwargs))}
         except (TypeError, ValueError) as exc:
             raise TypeError(f"{task.module_path}: task arguments must be JSON-serializable ({exc})") from None
-        database = self.database
         try:
             if template is None:
                 req = validation.enqueue_request(task.module_path, payload, **self._job_options(task))
@@ -358,8 +357,18 @@ class DatabaseBackend(BaseTaskBackend):
                     if len(_REQUESTS) >= _REQUESTS_MAX:
                         _REQUESTS.clear()
                     _REQUESTS[key] = req
-            else:
-                req = validation.request_as(template, payload)
+                return req
+            return validation.request_as(template, payload)
+        except InvalidJob as exc:
+            if exc.field == "payload":
+                raise
+            raise _invalid(exc) from None
+
+    def enqueue(self, task, args, kwargs):
+        """Queue up a task to be executed."""
+        req = self.request(task, args, kwargs)
+        database = self.database
+        try:
             job, created = transitions.enqueue(req, using=database)
         except InvalidJob as exc:
             if exc.field == "payload":

@@ -19,7 +19,7 @@ from ninja.security import APIKeyHeader, SessionAuthIsStaff
 from pydantic import ConfigDict, StrictBool
 
 from queue_app.conf import settings
-from queue_app.core import aborting, enqueueing, flow, transitions, validation
+from queue_app.core import aborting, canvas, enqueueing, flow, transitions, validation
 from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound
 from queue_app.models import (
     JOB_STATUSES,
@@ -31,6 +31,7 @@ from queue_app.models import (
     attach_statuses,
 )
 from queue_app.ops import metrics, reads
+from queue_app.ops import workflows as workflow_reads
 from queue_app.web.auth import SHELL_PERMISSION, Principal, authenticate
 
 MAX_ID = 2**63 - 1
@@ -251,6 +252,13 @@ class JobIn(Schema):
     )
     backoff_max: float | None = Field(default=None, description="Seconds; the cap on one retry delay.")
     backoff_jitter: StrictBool | None = Field(default=None, description="Spread each retry over 0..delay.")
+    depends_on: list[int] | None = Field(
+        default=None, description="Job ids it waits for: it stays waiting until they have all ended."
+    )
+    on_dependency_failure: Literal["cancel", "run", "hold"] | None = Field(
+        default=None,
+        description="When one of depends_on fails: cancel it (default), run it anyway, or hold it.",
+    )
 
 
 class BulkIn(Schema):
@@ -641,3 +649,71 @@ def delete_pause(request: HttpRequest, queue: str | None = Query(None), kind: st
             404, {"error": f"{'queue' if queue else 'kind'} {queue or kind!r} is not paused", "field": None}
         )
     return {"resumed": queue or kind}
+
+
+# --- workflows: groups (canvas.py, ops/workflows.py) -------------------------------------------
+
+
+class GroupIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+    jobs: list[JobIn] = Field(..., description="The members, in member order.")
+    callback: dict | None = Field(
+        default=None,
+        description="Job template (kind, payload, options) enqueued once; its payload gets 'group'.",
+    )
+    policy: Literal["success", "always", "first_failure"] = "success"
+    name: str = ""
+
+
+class GroupMember(Schema):
+    id: int
+    kind: str
+    state: str
+    status: str
+
+
+class GroupOut(Schema):
+    id: int
+    name: str
+    policy: str
+    status: str = Field(..., description="open while members are left, else succeeded or failed.")
+    total: int
+    ended: int
+    completed: int
+    dead_letter: int
+    cancelled: int
+    callback: dict | None
+    callback_job: int | None
+    callback_error: str
+    created_at: datetime
+    fired_at: datetime | None
+    closed_at: datetime | None
+    members: list[GroupMember]
+
+
+@api.post("/groups", response={201: GroupOut, **WRITE_REFUSALS}, tags=["workflows"])
+def create_group(request: HttpRequest, body: GroupIn):
+    """Enqueue jobs as one group with an optional callback, all or none."""
+    _need(request, "queue_app.add_job")
+    if not 1 <= len(body.jobs) <= settings.MAX_BATCH:
+        raise InvalidJob(f"jobs must hold 1..{settings.MAX_BATCH} entries, got {len(body.jobs)}", "jobs")
+    specs = []
+    for job in body.jobs:
+        kind, payload, options = _options(job)
+        _need_shell(request, kind, options)
+        specs.append({"kind": kind, "payload": payload, **options})
+    if body.callback is not None:
+        _need_shell(request, body.callback.get("kind"), {})
+    g = canvas.group(specs, callback=body.callback, policy=body.policy, name=body.name)
+    return Status(201, workflow_reads.group(g.id))
+
+
+@api.get("/groups/{group_id}", response={200: GroupOut, **REFUSALS, 404: Refused}, tags=["workflows"])
+def get_group(request: HttpRequest, group_id: int = Path(..., ge=1, le=MAX_ID)):
+    """A group's progress: n of m ended, completed, dead, cancelled, its callback and members."""
+    _need_view(request, "queue_app.view_job")
+    found = workflow_reads.group(group_id)
+    if found is None:
+        return Status(404, {"error": f"group {group_id} does not exist", "field": None})
+    return found

@@ -272,7 +272,9 @@ def test_queues_page_counts_live_jobs_per_queue_and_kind(viewer):
     JobFactory(queue_name="mail", kind="email", dead=True)
     JobFactory(queue_name="default", kind="echo", state=State.COMPLETED)
     rows = viewer.get(url("queues")).context["rows"]
-    assert rows == [{"queue": "mail", "kind": "email", "pending": 2, "leased": 0, "deadletter": 1}]
+    assert rows == [
+        {"queue": "mail", "kind": "email", "waiting": 0, "pending": 2, "leased": 0, "deadletter": 1}
+    ]
 
 
 def test_capped_paginator_stops_counting_at_the_cap(settings):
