@@ -1,5 +1,8 @@
 """Groups and dependencies drained by real worker processes sharing one database."""
 
+import os
+import signal
+
 import pytest
 
 from queue_app import Workflow, group
@@ -125,3 +128,31 @@ def test_a_diamond_runs_in_dependency_order_on_real_workers():
     assert d.state == State.COMPLETED
     assert [x["result"]["step"] for x in d.result["dependencies"]] == ["b", "c"]
     assert Event.objects.filter(job_id__in=ids, type="claimed").count() == 4
+
+
+def test_a_worker_killed_in_the_middle_of_a_group_loses_nothing_and_the_callback_fires_once():
+    g = group([{"kind": "sleepy", "payload": {"seconds": 0.01}} for _ in range(200)], callback=CALLBACK)
+    doomed = worker_support.start_worker(
+        name="doomed", concurrency=2, batch=5, lease=30.0, heartbeat=0.1, poll=0.02, queues=("default",)
+    )
+    worker_support.wait_for(
+        lambda: Job.objects.filter(group_id=g.id, state=State.COMPLETED).count() >= 40,
+        timeout=120,
+        what="some members done",
+    )
+    os.kill(doomed.pid, signal.SIGKILL)
+    doomed.join(10)
+    # Its children die with it (they watch their parent); nobody settles their leases.
+    worker_support.wait_for(
+        lambda: transitions.recover(owned_by="doomed/") or not Job.objects.leased().exists(),
+        timeout=30,
+        what="the dead worker's leases taken back",
+    )
+    procs = workers()
+    worker_support.wait_for(ended(g.job_ids), timeout=180, what="the rest of the group")
+    stop_all(procs)
+    g.refresh_from_db()
+    assert (g.completed, g.dead, g.cancelled) == (200, 0, 0)
+    (cb,) = Job.objects.filter(queue_name="callbacks")
+    assert [m["state"] for m in cb.payload["group"]["members"]] == ["completed"] * 200
+    assert Event.objects.filter(job_id__in=g.job_ids, metadata__has_key="group_callback").count() == 1
