@@ -1,5 +1,6 @@
 """manage.py group / workflow, and prune keeping open groups whole."""
 
+import json
 from datetime import timedelta
 from io import StringIO
 
@@ -30,7 +31,7 @@ def test_group_shows_progress_and_members_and_json():
     assert f"group {g.id} (nightly): open, 1 of 2 ended (1 completed, 0 dead_letter, 0 cancelled)" in out
     assert "callback: echo, not enqueued yet" in out
     run_one()
-    data = __import__("json").loads(run("group", str(g.id), "--json"))
+    data = json.loads(run("group", str(g.id), "--json"))
     assert data["status"] == "failed" and data["dead_letter"] == 1
     assert [m["id"] for m in data["members"]] == g.job_ids
 
@@ -60,3 +61,21 @@ def test_prune_keeps_every_member_of_an_open_group_and_drops_a_closed_group_with
     Job.objects.filter(group_id=g.id).update(finished_at=old)
     assert maintenance.prune(7 * 86400).jobs == 2
     assert not JobGroup.objects.filter(id=g.id).exists()
+
+
+def test_enqueue_takes_depends_on_and_refuses_unknown_ids_with_exit_status_2():
+    a = enqueue("echo")
+    out = run(
+        "enqueue", "--kind", "echo", "--depends-on", f"{a.id}", "--on-dependency-failure", "hold", "--json"
+    )
+    job = json.loads(out)["job"]
+    assert job["state"] == "waiting"
+    assert Job.objects.get(id=job["id"]).depends["policy"] == "hold"
+    with pytest.raises(CommandError, match="no job with id 777777") as info:
+        run("enqueue", "--kind", "echo", "--depends-on", f"{a.id},777777")
+    assert info.value.returncode == 2
+    with pytest.raises(CommandError, match="invalid job id"):
+        run("enqueue", "--kind", "echo", "--depends-on", "x")
+    doc = json.dumps({"kind": "echo", "depends_on": [a.id]})
+    assert "enqueued job" in run("enqueue", doc)
+    assert Job.objects.filter(state="waiting").count() == 2
