@@ -26,6 +26,7 @@ Failed means dead-lettered or cancelled; a job that will still be retried has no
 import dataclasses
 import logging
 
+from django.db import connections
 from django.db.models import F
 
 from queue_app.core import validation
@@ -98,13 +99,18 @@ def _count_member(db, job, state, now, plan):
     group.fired_at = now
     plan.fire = group
     if group.policy == GroupPolicy.FIRST_FAILURE and not done:
-        plan.cancel += list(
+        pending = (
             Job.objects.using(db)
             .filter(group_id=group.id, state__in=(State.PENDING, State.WAITING))
             .exclude(id=job.id)
             .order_by("id")
-            .values_list("id", flat=True)
         )
+        if connections[db].features.has_select_for_update_skip_locked:
+            # Locked now, so no claim can lease them before their cancel; one a claim
+            # holds is skipped (it runs and settles on its own). Waiting here instead could
+            # deadlock with that member's own end, which waits for this group's row.
+            pending = pending.select_for_update(skip_locked=True)
+        plan.cancel += list(pending.values_list("id", flat=True))
 
 
 def reopened(db, job, from_state):

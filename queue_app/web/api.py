@@ -704,7 +704,7 @@ def create_group(request: HttpRequest, body: GroupIn):
         _need_shell(request, kind, options)
         specs.append({"kind": kind, "payload": payload, **options})
     if body.callback is not None:
-        _need_shell(request, body.callback.get("kind"), {})
+        _need_shell(request, body.callback.get("kind"), body.callback)
     g = canvas.group(specs, callback=body.callback, policy=body.policy, name=body.name)
     return Status(201, workflow_reads.group(g.id))
 

@@ -160,3 +160,23 @@ def test_a_bad_member_or_policy_refuses_the_whole_group_and_writes_nothing():
     with pytest.raises(InvalidJob, match="at least one member"):
         group([])
     assert not Job.objects.exists() and not JobGroup.objects.exists()
+
+
+def test_a_callback_too_large_to_enqueue_is_recorded_on_the_group_and_the_members_still_end(settings):
+    g = group([{"kind": "echo", "payload": {"blob": "x" * 600}} for _ in range(4)], callback={"kind": "echo"})
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "MAX_PAYLOAD_BYTES": 2000}
+    drain()
+    g.refresh_from_db()
+    assert g.completed == 4 and g.callback_job_id is None
+    assert "payload" in g.callback_error
+    last = Event.objects.filter(job_id__in=g.job_ids, metadata__has_key="group_callback_error")
+    assert last.count() == 1
+
+
+def test_an_operator_cancel_under_first_failure_cancels_the_rest_and_fires_once():
+    g = group([{"kind": "echo"} for _ in range(3)], callback={"kind": "echo"}, policy="first_failure")
+    transitions.cancel(g.job_ids[1])
+    g.refresh_from_db()
+    assert g.cancelled == 3 and g.status == "failed"
+    (cb,) = callbacks(g)
+    assert [m["state"] for m in cb.payload["group"]["members"]] == ["cancelled"] * 3
