@@ -11,6 +11,10 @@ def __getattr__(name):
         from queue_app.core import canvas
 
         return getattr(canvas, name)
+    if name in {"wait", "await_job"}:
+        from queue_app.worker import wakeup
+
+        return getattr(wakeup, name)
     if name == "call":
         from queue_app.tasks.calls import call
 

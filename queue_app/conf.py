@@ -127,6 +127,9 @@ DEFAULTS = {
     # and the dashboard's lists); the whole of them only on the job's own page.
     "LIST_PREVIEW_CHARS": 200,
     "API_PAGE_SIZE": 50,
+    # GET /api/jobs/{id}?wait=: the longest a request may wait for the job to end (it
+    # holds a web worker thread meanwhile).
+    "API_MAX_WAIT_SECONDS": 30.0,
     "API_MAX_PAGE_SIZE": 500,
     # /health: fewer live workers than this is 503. Live means not stopped and not lost;
     # a worker is lost once its heartbeat is older than LEASE_SECONDS (models.lost_before),

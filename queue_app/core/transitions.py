@@ -477,7 +477,9 @@ _FOLLOW_UP_FIELDS = (
 
 def _follow_ups(db, job, state, now, *, result=None, error=None):
     """Enqueue a finished job's chained job and webhook delivery, in the caller's
-    transaction; return what its terminal event records about them."""
+    transaction; return what its terminal event records about them. (Every terminal
+    edge calls this: it also tells wait() callers, on commit.)"""
+    engines.of(connections[db]).notify_ended([job.id])
     child, chained = chaining.follow_up(job, state, now, result=result, error=error)
     if child is not None:
         child, _ = enqueue(child, using=db)

@@ -7,6 +7,7 @@ writes need a permission (a read-write key, or queue_app.add_job / change_job fo
 users); reads are open without credentials only when API_READS_OPEN is True.
 """
 
+from contextlib import suppress
 from datetime import datetime
 from functools import wraps
 from typing import Any, Literal
@@ -19,8 +20,8 @@ from ninja.security import APIKeyHeader, SessionAuthIsStaff
 from pydantic import ConfigDict, StrictBool
 
 from queue_app.conf import settings
-from queue_app.core import aborting, canvas, enqueueing, flow, transitions, validation
-from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound
+from queue_app.core import aborting, canvas, durations, enqueueing, flow, transitions, validation
+from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound, WaitTimeout
 from queue_app.models import (
     JOB_STATUSES,
     STATUSES,
@@ -33,6 +34,7 @@ from queue_app.models import (
 from queue_app.ops import metrics, reads
 from queue_app.ops import workflows as workflow_reads
 from queue_app.web.auth import SHELL_PERMISSION, Principal, authenticate
+from queue_app.worker import wakeup
 
 MAX_ID = 2**63 - 1
 JobId = Path(..., ge=1, le=MAX_ID, description="The job's id.")
@@ -500,9 +502,25 @@ def list_jobs(
 
 
 @api.get("/jobs/{job_id}", response={200: JobDetail, **REFUSALS, 404: Refused}, tags=["jobs"])
-def get_job(request: HttpRequest, job_id: int = JobId):
+def get_job(
+    request: HttpRequest,
+    job_id: int = JobId,
+    wait: str | None = Query(
+        None,
+        max_length=20,
+        description="Wait up to this long (10s, 500ms; at most API_MAX_WAIT_SECONDS) for the job "
+        "to end before answering: a long poll. The answer is the job as it stands then.",
+    ),
+):
     """One job with its whole event timeline."""
     _need_view(request, "queue_app.view_job")
+    if wait is not None:
+        try:
+            seconds = durations.parse(wait)
+        except ValueError as exc:
+            raise InvalidJob(str(exc), "wait") from None
+        with suppress(WaitTimeout):
+            wakeup.until_ended(job_id, min(seconds, float(settings.API_MAX_WAIT_SECONDS)))
     found = reads.job_detail(job_id)
     if found is None:
         raise JobNotFound(job_id)
