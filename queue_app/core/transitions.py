@@ -29,6 +29,7 @@ job and appends exactly one Event row. Nothing else writes Job.state, Event or D
       by itself) matches nothing, changes nothing, and is told so by the return value.
 """
 
+import dataclasses
 import json
 import logging
 from contextlib import suppress
@@ -341,7 +342,10 @@ def _workflow(db, job, state, now, result, error):
     meta = plan.meta
     if plan.fire is not None:
         req, refused = workflows.callback_request(db, plan.fire, now, (job.id, state, result, error))
-        callback = enqueue(req, using=db)[0] if req is not None else None
+        # Its parent is the member whose end decided it: both timelines show the link.
+        callback = (
+            enqueue(dataclasses.replace(req, parent_id=job.id), using=db)[0] if req is not None else None
+        )
         meta.update(workflows.callback_enqueued(db, plan.fire, callback and callback.id, refused))
     return meta
 

@@ -43,6 +43,9 @@ def test_a_group_runs_its_callback_once_with_every_members_outcome_in_member_ord
     ends = Event.objects.filter(job_id__in=g.job_ids, type="completed")
     assert sum("group_callback" in e.metadata for e in ends) == 1
     assert all(e.metadata["group"] == g.id for e in ends)
+    decider = next(e for e in ends if "group_callback" in e.metadata)
+    assert cb.parent_id == decider.job_id
+    assert Event.objects.get(job_id=cb.id, type="enqueued").metadata["parent"] == decider.job_id
     assert last.state == State.COMPLETED
 
 

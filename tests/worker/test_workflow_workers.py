@@ -156,3 +156,22 @@ def test_a_worker_killed_in_the_middle_of_a_group_loses_nothing_and_the_callback
     (cb,) = Job.objects.filter(queue_name="callbacks")
     assert [m["state"] for m in cb.payload["group"]["members"]] == ["completed"] * 200
     assert Event.objects.filter(job_id__in=g.job_ids, metadata__has_key="group_callback").count() == 1
+
+
+def test_two_dependencies_ending_at_the_same_instant_unblock_their_dependent_once(tmp_path):
+    dependents = []
+    for n in range(4):
+        path = str(tmp_path / f"d{n}")
+        member = {"kind": "rendezvous", "payload": {"path": path, "expected": 2, "patience": 10}}
+        wf = Workflow()
+        wf.add("a", member)
+        wf.add("b", member)
+        wf.add("d", {"kind": "echo", "payload": {"n": n}}, after=["a", "b"])
+        dependents.append(wf.enqueue()["d"])
+    procs = workers(concurrency=1, batch=1)
+    worker_support.wait_for(ended([d.id for d in dependents]), timeout=180, what="every dependent to end")
+    stop_all(procs)
+    for d in dependents:
+        assert Event.objects.filter(job_id=d.id, type="unblocked").count() == 1
+        assert Event.objects.filter(job_id=d.id, type="claimed").count() == 1
+        assert Job.objects.get(id=d.id).state == State.COMPLETED
