@@ -1,6 +1,8 @@
 """What operators read about workflows: a group's progress, a job's dependencies.
 (canvas.py builds them; core/workflows.py keeps their counts.)"""
 
+from django.db.models import Q
+
 from queue_app.models import Dependency, Job, JobGroup, attach_statuses
 
 
@@ -64,4 +66,76 @@ def dependencies(job_id):
             _member(j)
             for j in attach_statuses(list(Job.objects.filter(id__in=downs).order_by("id").only(*_FIELDS)))
         ],
+    }
+
+
+# How the dashboard draws a workflow (inline SVG): one column per depth, one row per job.
+NODE_W, NODE_H, COL, ROW, PAD = 160, 36, 200, 52, 10
+FILLS = {
+    "waiting": "#eaeef2",
+    "pending": "#ddf4ff",
+    "leased": "#fff8c5",
+    "completed": "#dafbe1",
+    "dead_letter": "#ffebe9",
+    "cancelled": "#f6f8fa",
+}
+
+
+def graph(job_id, *, limit=200):
+    """The dependency graph around a job, laid out for drawing: {nodes [{id, kind, state,
+    x, y, fill, here}], edges [{x1, y1, x2, y2}], width, height, truncated}, each node at
+    its depth (longest path from a job with no dependencies). At most ``limit`` jobs."""
+    seen, frontier, edges = {job_id}, [job_id], set()
+    while frontier and len(seen) < limit:
+        pairs = Dependency.objects.filter(Q(job_id__in=frontier) | Q(upstream_id__in=frontier)).values_list(
+            "upstream_id", "job_id"
+        )
+        frontier = []
+        for up, down in pairs:
+            edges.add((up, down))
+            for node in (up, down):
+                if node not in seen and len(seen) < limit:
+                    seen.add(node)
+                    frontier.append(node)
+    edges = {(u, d) for u, d in edges if u in seen and d in seen}
+    jobs = {j.id: j for j in Job.objects.filter(id__in=seen).only("id", "kind", "state")}
+    depth = dict.fromkeys(jobs, 0)
+    for _ in range(len(jobs)):  # longest path: at most one pass per job (a DAG settles sooner)
+        moved = False
+        for up, down in edges:
+            if up in depth and down in depth and depth[down] < depth[up] + 1:
+                depth[down], moved = depth[up] + 1, True
+        if not moved:
+            break
+    rows, nodes, at = {}, [], {}
+    for node_id in sorted(jobs):
+        col = depth[node_id]
+        row = rows[col] = rows.get(col, -1) + 1
+        x, y = PAD + col * COL, PAD + row * ROW
+        at[node_id] = (x, y)
+        job = jobs[node_id]
+        nodes.append(
+            {
+                "id": node_id,
+                "kind": job.kind if len(job.kind) <= 20 else job.kind[:19] + "…",
+                "state": job.state,
+                "x": x,
+                "y": y,
+                "fill": FILLS.get(job.state, "#ffffff"),
+                "here": node_id == job_id,
+            }
+        )
+    lines = [
+        {"x1": at[u][0] + NODE_W, "y1": at[u][1] + NODE_H // 2, "x2": at[d][0], "y2": at[d][1] + NODE_H // 2}
+        for u, d in sorted(edges)
+        if u in at and d in at
+    ]
+    return {
+        "nodes": nodes,
+        "edges": lines,
+        "width": PAD * 2 + (max(depth.values(), default=0) + 1) * COL,
+        "height": PAD * 2 + (max(rows.values(), default=0) + 1) * ROW,
+        "node_w": NODE_W,
+        "node_h": NODE_H,
+        "truncated": len(seen) >= limit,
     }

@@ -21,7 +21,7 @@ from queue_app.conf import settings
 from queue_app.core.validation import SHELL_PERMISSION
 from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound
 from queue_app.ops import actions as operations
-from queue_app.ops import dashboard, reads
+from queue_app.ops import dashboard, reads, workflows
 
 
 def _perm(codename):
@@ -151,3 +151,18 @@ def worker_stop(request, worker_id):
 @_perm("queue_app.view_job")
 def queues(request):
     return _page(request, "queues.html", {"nav": "queues", "rows": reads.queues()})
+
+
+@_perm("queue_app.view_job")
+def workflow(request, job_id):
+    """A job's workflow: its dependency graph drawn, and its group's progress."""
+    found = workflows.dependencies(job_id)
+    if found is None:
+        raise Http404(f"job {job_id} does not exist")
+    context = {
+        "nav": "jobs",
+        "job": found,
+        "graph": workflows.graph(job_id),
+        "group": workflows.group(found["group"]) if found["group"] is not None else None,
+    }
+    return _page(request, "workflow.html", context, live=False)

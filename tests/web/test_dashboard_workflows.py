@@ -4,8 +4,9 @@ the operator's run-now and cancel for a waiting job."""
 import pytest
 from django.urls import reverse
 
-from queue_app import enqueue, group
+from queue_app import Workflow, enqueue, group
 from queue_app.models import Job, State
+from queue_app.ops import workflows
 from queue_app.worker.execution import run_one
 from tests.factories import make_staff
 
@@ -41,6 +42,33 @@ def test_a_held_job_says_so_and_cancel_drops_it(operator):
     assert Job.objects.get(id=b.id).state == State.CANCELLED
 
 
-def test_a_members_page_links_its_group(operator):
-    g = group([{"kind": "echo"}])
-    assert f'href="/api/groups/{g.id}"' in operator.get(url("job", g.job_ids[0])).content.decode()
+def test_a_members_page_links_its_workflow_page_which_shows_the_groups_progress(operator):
+    g = group([{"kind": "echo"}, {"kind": "echo"}], callback={"kind": "echo"}, name="nightly")
+    assert url("workflow", g.job_ids[0]) in operator.get(url("job", g.job_ids[0])).content.decode()
+    run_one()
+    page = operator.get(url("workflow", g.job_ids[0])).content.decode()
+    assert f"Group {g.id} (nightly)" in page and "1 of 2 ended: 1 completed" in page
+    assert all(url("job", i) in page for i in g.job_ids)
+
+
+def test_the_workflow_page_draws_a_diamond_with_each_job_coloured_by_state_and_linked(operator):
+    wf = Workflow()
+    wf.add("a", {"kind": "echo"})
+    wf.add("b", {"kind": "echo"}, after=["a"])
+    wf.add("c", {"kind": "echo"}, after=["a"])
+    wf.add("d", {"kind": "echo"}, after=["b", "c"])
+    jobs = wf.enqueue()
+    run_one()
+    page = operator.get(url("workflow", jobs["d"].id)).content.decode()
+    assert "<svg" in page and page.count("<line ") == 4
+    assert f'data-job="{jobs["a"].id}" data-state="completed"' in page
+    assert f'data-job="{jobs["b"].id}" data-state="pending"' in page
+    assert f'data-job="{jobs["d"].id}" data-state="waiting"' in page
+    # a, then b and c, then d: one column per depth.
+    graph = workflows.graph(jobs["d"].id)
+    xs = {n["id"]: n["x"] for n in graph["nodes"]}
+    assert xs[jobs["a"].id] < xs[jobs["b"].id] == xs[jobs["c"].id] < xs[jobs["d"].id]
+
+
+def test_the_workflow_page_of_an_unknown_job_is_404(operator):
+    assert operator.get(url("workflow", 424242)).status_code == 404
