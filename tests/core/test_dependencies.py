@@ -12,7 +12,7 @@ from queue_app.models import Dependency, Job, State
 from queue_app.ops import reads
 from queue_app.worker.execution import run_one
 from tests import sample_tasks as tasks
-from tests.support import event_types
+from tests.support import event_types, events
 
 pytestmark = pytest.mark.django_db
 
@@ -150,3 +150,13 @@ def test_generated_dags_run_every_node_once_in_an_order_that_respects_the_edges(
     for node, ups in edges.items():
         for up in ups:
             assert position[jobs[up].id] < position[jobs[node].id]
+
+
+def test_results_too_large_to_pass_on_wake_the_dependent_without_them(settings):
+    _, b = chain({"kind": "echo", "payload": {"blob": "x" * 1950}}, {"kind": "echo", "payload": {"x": 1}})
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "MAX_PAYLOAD_BYTES": 2000}
+    assert run_one().state == State.COMPLETED
+    b.refresh_from_db()
+    assert b.state == State.PENDING and b.payload == {"x": 1}
+    (unblocked,) = [e for e in events(b) if e.type == "unblocked"]
+    assert "payload" in unblocked.metadata["pass_error"]
