@@ -72,3 +72,12 @@ def test_the_workflow_page_draws_a_diamond_with_each_job_coloured_by_state_and_l
 
 def test_the_workflow_page_of_an_unknown_job_is_404(operator):
     assert operator.get(url("workflow", 424242)).status_code == 404
+
+
+def test_the_admin_lists_groups_read_only_with_their_progress(admin_client):
+    g = group([{"kind": "echo"}, {"kind": "echo"}], name="nightly")
+    run_one()
+    page = admin_client.get(reverse("admin:queue_app_jobgroup_changelist")).content.decode()
+    assert "nightly" in page and "1 of 2 (1 completed, 0 dead, 0 cancelled)" in page
+    assert admin_client.get(reverse("admin:queue_app_jobgroup_add")).status_code == 403
+    assert admin_client.get(reverse("admin:queue_app_jobgroup_change", args=[g.id])).status_code == 200
