@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from queue_app import enqueue, group
 from queue_app.models import Job, JobGroup
-from queue_app.ops import maintenance
+from queue_app.ops import maintenance, metrics
 from queue_app.worker.execution import run_one
 
 pytestmark = pytest.mark.django_db
@@ -79,3 +79,17 @@ def test_enqueue_takes_depends_on_and_refuses_unknown_ids_with_exit_status_2():
     doc = json.dumps({"kind": "echo", "depends_on": [a.id]})
     assert "enqueued job" in run("enqueue", doc)
     assert Job.objects.filter(state="waiting").count() == 2
+
+
+def test_waiting_jobs_are_a_metrics_state_and_never_the_oldest_ready_job():
+    a = enqueue("echo")
+    Job.objects.filter(id=a.id).update(run_at=timezone.now() - timedelta(seconds=5))
+    old = timezone.now() - timedelta(hours=2)
+    b = enqueue("echo", depends_on=[a.id], run_at=old + timedelta(seconds=1))
+    Job.objects.filter(id=b.id).update(run_at=old)
+    text = metrics.render().decode()
+    assert 'jobqueue_jobs{state="waiting"} 1.0' in text
+    assert 'jobqueue_jobs_by_kind{kind="echo",state="waiting"} 1.0' in text
+    assert "jobqueue_late_jobs 0.0" in text
+    oldest = next(line for line in text.splitlines() if line.startswith("jobqueue_oldest_pending_seconds "))
+    assert float(oldest.split()[1]) < 60
