@@ -46,6 +46,13 @@ def _request(step, now, where):
         raise InvalidJob(f"{where}: {exc}", exc.field) from None
 
 
+def _announce(steps, jobs):
+    """Tell each task call its job is in (task_enqueued on commit, as .enqueue() sends)."""
+    for step, job in zip(steps, jobs):
+        if hasattr(step, "enqueued"):
+            step.enqueued(job)
+
+
 def _database(using, found):
     dbs = {db for db in found if db is not None}
     if using is not None:
@@ -98,6 +105,7 @@ def group(members, *, callback=None, policy=GroupPolicy.SUCCESS, name="", using=
         jobs = transitions.bulk_enqueue(
             [dataclasses.replace(req, group_id=g.id) for req, _, _ in built], using=db
         )
+        _announce(members, jobs)
     g.job_ids = [job.id for job in jobs]
     return g
 
@@ -171,4 +179,5 @@ class Workflow:
                     )
                     req = dataclasses.replace(req, depends_on=ids, depends=depends)
                 out[name], _ = transitions.enqueue(req, using=db)
+                _announce([self.steps[name][0]], [out[name]])
         return out

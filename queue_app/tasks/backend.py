@@ -383,6 +383,13 @@ class DatabaseBackend(BaseTaskBackend):
         transaction.on_commit(lambda: task_enqueued.send(type(self), task_result=result), using=database)
         return result
 
+    def enqueued(self, task, job):
+        """A job of ``task`` enqueued by a workflow (canvas.py): its TaskResult, and
+        task_enqueued sent on commit, as enqueue() does."""
+        result = task_results.pending(job, task, self.alias)
+        transaction.on_commit(lambda: task_enqueued.send(type(self), task_result=result), using=self.database)
+        return result
+
     async def aenqueue(self, task, args, kwargs):
         """Queue up a task function (or coroutine) to be executed."""
         return await sync_to_async(self.enqueue, thread_sensitive=True)(task, args, kwargs)

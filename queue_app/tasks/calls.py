@@ -29,6 +29,10 @@ class TaskCall:
         """Its validated EnqueueRequest (canvas.py calls this for each TaskCall)."""
         return self.backend.request(self.task, self.args, self.kwargs)
 
+    def enqueued(self, job):
+        """Its job is in (canvas.py): receivers of task_enqueued hear of it on commit."""
+        return self.backend.enqueued(self.task, job)
+
 
 def call(task, /, *args, **kwargs):
     """A call of ``task`` with these arguments, not yet enqueued."""

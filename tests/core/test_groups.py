@@ -4,7 +4,7 @@ drains groups with real workers)."""
 
 import pytest
 
-from queue_app import call, group
+from queue_app import call, chain, group
 from queue_app.core import transitions
 from queue_app.exceptions import InvalidJob
 from queue_app.models import Event, Job, JobGroup, State
@@ -183,3 +183,22 @@ def test_an_operator_cancel_under_first_failure_cancels_the_rest_and_fires_once(
     assert g.cancelled == 3 and g.status == "failed"
     (cb,) = callbacks(g)
     assert [m["state"] for m in cb.payload["group"]["members"]] == ["cancelled"] * 3
+
+
+def test_task_members_send_task_enqueued_on_commit_as_enqueue_does(django_capture_on_commit_callbacks):
+    from django.tasks.signals import task_enqueued
+
+    heard = []
+
+    def receiver(sender, task_result, **kwargs):
+        heard.append(task_result.id)
+
+    task_enqueued.connect(receiver)
+    try:
+        with django_capture_on_commit_callbacks(execute=True):
+            g = group([call(tasks.add, 1, 2), {"kind": "echo"}, call(tasks.noop)])
+            jobs = chain(call(tasks.add, 1, 2), call(tasks.echo))
+            assert heard == []  # not before the commit
+    finally:
+        task_enqueued.disconnect(receiver)
+    assert heard == [str(g.job_ids[0]), str(g.job_ids[2]), str(jobs[0].id), str(jobs[1].id)]
