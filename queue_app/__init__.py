@@ -7,6 +7,18 @@ def __getattr__(name):
         from queue_app.core import enqueueing as api_python
 
         return getattr(api_python, name)
+    if name in {"group", "chain", "Workflow"}:
+        from queue_app.core import canvas
+
+        return getattr(canvas, name)
+    if name in {"wait", "await_job"}:
+        from queue_app.worker import wakeup
+
+        return getattr(wakeup, name)
+    if name == "call":
+        from queue_app.tasks.calls import call
+
+        return call
     if name == "current_job":
         from queue_app.handlers.context import current_job
 

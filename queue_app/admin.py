@@ -27,6 +27,7 @@ from queue_app.models import (
     DeadLetter,
     Event,
     Job,
+    JobGroup,
     KindLimit,
     Pause,
     Schedule,
@@ -400,6 +401,24 @@ class _AppendOnly(QueueModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+@admin.register(JobGroup)
+class JobGroupAdmin(_AppendOnly):
+    """Groups are made by canvas.group and counted by their members' transitions: read only."""
+
+    list_display = ["id", "name", "policy", "group_status", "progress", "callback_job_id", "created_at"]
+    list_filter = ["policy"]
+    readonly_fields = [f.name for f in JobGroup._meta.fields]
+    show_full_result_count = False
+
+    @admin.display(description="status")
+    def group_status(self, group):
+        return group.status
+
+    @admin.display(description="ended")
+    def progress(self, group):
+        return f"{group.ended} of {group.total} ({group.completed} completed, {group.dead} dead, {group.cancelled} cancelled)"
 
 
 @admin.register(Event)

@@ -159,6 +159,9 @@ DEFAULTS = {
         r"(?i)\b(?:password|passwd|pwd|secret|token|api[_-]?key)\s*[=:]\s*[^\s,;&\"']+",
     ),
     "API_PAGE_SIZE": 50,
+    # GET /api/jobs/{id}?wait=: the longest a request may wait for the job to end (it
+    # holds a web worker thread meanwhile).
+    "API_MAX_WAIT_SECONDS": 30.0,
     "API_MAX_PAGE_SIZE": 500,
     # /health: fewer live workers than this is 503. Live means not stopped and not lost;
     # a worker is lost once its heartbeat is older than LEASE_SECONDS (models.lost_before),

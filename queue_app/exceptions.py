@@ -73,3 +73,13 @@ class NotStarted(QueueError):
         super().__init__(f"job {job_id} was not started: {error}")
         self.job_id = job_id
         self.error = error
+
+
+class WaitTimeout(QueueError, TimeoutError):
+    """wait() gave up: the job had not ended within the timeout."""
+
+    def __init__(self, job_id, timeout, state):
+        super().__init__(f"job {job_id} did not end within {timeout:g}s (it is {state})")
+        self.job_id = job_id
+        self.timeout = timeout
+        self.state = state

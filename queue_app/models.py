@@ -45,6 +45,10 @@ QUEUE_NAME_MAX_LENGTH = 100
 
 
 class State(models.TextChoices):
+    # Enqueued with depends_on: held until every job it depends on has ended, then
+    # pending in the transaction of the last one's end (workflows.py). Never leased, late
+    # or counted as ready while here.
+    WAITING = "waiting"
     # Waiting to be claimed; ready once run_at has passed. Also where retries wait.
     PENDING = "pending"
     # Claimed by a worker whose lease runs until lease_expires_at.
@@ -81,6 +85,11 @@ class EventType(models.TextChoices):
     # Another enqueue with its debounce_key came while it was pending and never leased:
     # its run_at moved (metadata: old and new run_at, whether the payload was replaced).
     DEBOUNCED = "debounced"
+    # A waiting job's dependencies have all ended: it went to pending (metadata: how).
+    UNBLOCKED = "unblocked"
+    # A waiting job's dependency failed and its policy is hold: it stays waiting until
+    # an operator requeues (runs) or cancels it.
+    HELD = "held"
     # An operator asked a running job to stop (cancel_requested_at set); it stays leased
     # until its handler returns or, after the abort grace, its process is killed.
     ABORT_REQUESTED = "abort_requested"
@@ -105,6 +114,7 @@ STATUSES = {
     SCHEDULED: "pending, first attempt not due yet (run_at in the future)",
     RETRYING: "pending after a failed attempt, waiting out its backoff (run_at in the future)",
     PAUSED: "pending in a paused queue or kind: held, never leased (nor late) until resumed",
+    State.WAITING: "enqueued with depends_on: waits for those jobs to end, never leased until then",
     State.PENDING: "waiting to be leased: ready, scheduled, retrying or paused",
     State.LEASED: "claimed by a worker, running until it settles or its lease lapses",
     State.COMPLETED: "its handler returned",
@@ -279,6 +289,17 @@ class Job(models.Model):
     concurrency_key = models.CharField(
         max_length=CONCURRENCY_KEY_MAX_LENGTH, null=True, blank=True, help_text="Empty: not limited per key."
     )
+    # Groups and dependencies (core/workflows.py). ``in_workflow`` is true for a group
+    # member and for a job others depend on: its end must go the long way, through the
+    # hook that counts it (engines.base.NO_FOLLOW_UP). ``waiting_for``: how many of a
+    # waiting job's dependencies have not ended; ``depends``: its options
+    # {"policy": cancel|run|hold, "pass": null|"arg"|"payload", "held": bool}.
+    group = models.ForeignKey(
+        "JobGroup", null=True, blank=True, related_name="members", on_delete=models.PROTECT
+    )
+    in_workflow = models.BooleanField(null=True, blank=True)
+    waiting_for = models.PositiveIntegerField(null=True, blank=True)
+    depends = models.JSONField(null=True, blank=True)
 
     objects = JobQuerySet.as_manager()
 
@@ -384,6 +405,77 @@ class Event(models.Model):
 
     def __str__(self):
         return f"{self.type} #{self.job_id} @{self.at:%Y-%m-%d %H:%M:%S.%f}"
+
+
+class GroupPolicy(models.TextChoices):
+    # The callback runs once every member has completed; a failed member closes the
+    # group without it.
+    SUCCESS = "success"
+    # The callback runs once every member has ended, whatever their outcomes.
+    ALWAYS = "always"
+    # The callback runs at the first failed member (dead-lettered or cancelled), and the
+    # members still pending are cancelled; with no failure, once every member completed.
+    FIRST_FAILURE = "first_failure"
+
+
+class JobGroup(models.Model):
+    """Jobs enqueued together, with an optional callback job enqueued exactly once when
+    the group's policy says so. The counters move in the transaction of each member's
+    terminal transition (workflows.member_ended), under this row's lock."""
+
+    id = models.BigAutoField(primary_key=True)
+    name = models.CharField(max_length=200, blank=True, default="")
+    policy = models.CharField(max_length=16, choices=GroupPolicy.choices, default=GroupPolicy.SUCCESS)
+    # A follow-up template (as on_success); ``callback_task``: it is a @task call, whose
+    # kwargs get ``group`` instead of its payload.
+    callback = models.JSONField(null=True, blank=True)
+    callback_task = models.BooleanField(default=False)
+    callback_job = models.ForeignKey(
+        Job, null=True, blank=True, related_name="+", on_delete=models.SET_NULL, db_constraint=False
+    )
+    callback_error = models.TextField(blank=True, default="")
+    # Set, with a conditional UPDATE under the row's lock, by the one member end that
+    # decides the callback runs: a second decision (a member ending at the same instant,
+    # a member cancelled by the first failure) finds it set and enqueues nothing.
+    fired_at = models.DateTimeField(null=True, blank=True)
+    total = models.PositiveIntegerField(default=0)
+    completed = models.PositiveIntegerField(default=0)
+    dead = models.PositiveIntegerField(default=0)
+    cancelled = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(default=timezone.now)
+    # When the last member ended; cleared when a requeued member re-opens the group.
+    closed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self):
+        return f"group {self.id} ({self.ended} of {self.total} ended)"
+
+    @property
+    def ended(self):
+        return self.completed + self.dead + self.cancelled
+
+    @property
+    def status(self):
+        """open while members are left, else succeeded or failed."""
+        if self.closed_at is None:
+            return "open"
+        return "succeeded" if self.completed == self.total else "failed"
+
+
+class Dependency(models.Model):
+    """``job`` waits for ``upstream`` to end (depends_on)."""
+
+    id = models.BigAutoField(primary_key=True)
+    job = models.ForeignKey(Job, related_name="dependencies", on_delete=models.CASCADE)
+    upstream = models.ForeignKey(Job, related_name="dependents", on_delete=models.CASCADE)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "upstream"], name="jq_dependency_unique")]
+
+    def __str__(self):
+        return f"{self.job_id} waits for {self.upstream_id}"
 
 
 class DeadLetterQuerySet(models.QuerySet):

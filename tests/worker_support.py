@@ -64,7 +64,28 @@ def noop(payload):
     return None
 
 
-ALL = {"spin": spin, "mark": mark, "flaky": flaky, "stall_once": stall_once, "noop": noop}
+def rendezvous(payload):
+    """Sign in at ``path``, then wait until ``expected`` jobs have signed in (or
+    ``patience`` seconds); return how many had: jobs that ran at the same time all see
+    ``expected``, and return within milliseconds of each other."""
+    with open(payload["path"], "a") as f:
+        f.write("here\n")
+    end = time.monotonic() + payload.get("patience", 10)
+    while (seen := len(Path(payload["path"]).read_text().splitlines())) < payload["expected"]:
+        if time.monotonic() > end:
+            break
+        time.sleep(0.002)
+    return seen
+
+
+ALL = {
+    "spin": spin,
+    "mark": mark,
+    "flaky": flaky,
+    "stall_once": stall_once,
+    "noop": noop,
+    "rendezvous": rendezvous,
+}
 
 
 def register_all():

@@ -14,7 +14,11 @@ job and appends exactly one Event row. Nothing else writes Job.state, Event or D
     recover           leased, expired      pending | dead_letter   recovered
                                            cancelled (abort requested)
     requeue           dead_letter|cancelled pending                requeued
-    cancel            pending              cancelled               cancelled  (leased: request_abort)
+                      waiting (held)
+    cancel            pending|waiting      cancelled               cancelled  (leased: request_abort)
+    (enqueue)         (new, depends_on)    waiting                 enqueued
+    unblock           waiting              pending                 unblocked  (its last dependency ended)
+    hold              waiting              waiting                 held       (a dependency failed)
     request_abort     leased               leased (cancel_requested_at set)  abort_requested
     abort             leased* (requested)  cancelled              cancelled  (handler stopped or was killed)
     retry_now         pending              pending (run_at=now)    rescheduled
@@ -26,8 +30,10 @@ job and appends exactly one Event row. Nothing else writes Job.state, Event or D
       by itself) matches nothing, changes nothing, and is told so by the return value.
 """
 
+import dataclasses
 import json
 import logging
+from contextlib import suppress
 from datetime import timedelta
 from functools import partial
 
@@ -38,7 +44,7 @@ from django.utils import timezone
 
 from queue_app import engines
 from queue_app.conf import settings
-from queue_app.core import backoff, flow, ordering, validation, webhooks
+from queue_app.core import backoff, flow, ordering, validation, webhooks, workflows
 from queue_app.core import events as events_
 from queue_app.core import follow_ups as chaining
 from queue_app.engines import rows
@@ -94,6 +100,8 @@ def _new_job(req, now):
         backoff_base=req.backoff_base,
         backoff_max=req.backoff_max,
         backoff_jitter=req.backoff_jitter,
+        group_id=req.group_id,
+        in_workflow=True if req.group_id is not None else None,
     )
 
 
@@ -142,6 +150,8 @@ def _given(req, now):
         "backoff_max": req.backoff_max,
         "backoff_jitter": req.backoff_jitter,
         "concurrency_key": req.concurrency_key,
+        "group_id": req.group_id,
+        "in_workflow": True if req.group_id is not None else None,
     }
 
 
@@ -216,6 +226,8 @@ def enqueue(req, *, using=None):
         return _debounce(req, db, now)
     if req.unique_key is not None:
         return _unique(req, db, now)
+    if req.depends_on:
+        return _enqueue_waiting(db, req, now)
     if req.idempotency_key is None:
         # Nothing to look up and no race to lose: no savepoint, the fewest statements.
         (job,) = _insert_plain(db, [req], now)
@@ -367,6 +379,101 @@ def _unique(req, db, now):
     return job, True
 
 
+def _enqueue_waiting(db, req, now):
+    """enqueue() of a job with depends_on: waiting until they end (workflows.py)."""
+    with transaction.atomic(using=db):
+        if req.idempotency_key is not None:
+            existing = Job.objects.using(db).filter(idempotency_key=req.idempotency_key).first()
+            if existing is not None:
+                return existing, False
+        states = workflows.upstreams(db, req.depends_on)
+        job = _new_job(req, now)
+        job.state = State.WAITING
+        job.depends = req.depends
+        job.waiting_for = sum(1 for state in states.values() if state not in workflows.ENDED)
+        job.save(using=db, force_insert=True)
+        workflows.link(db, job, req.depends_on)
+        event = _enqueued_event(job, now, depends_on=list(req.depends_on))
+        event.to_state = State.WAITING
+        event.save(using=db, force_insert=True)
+        then = workflows.at_enqueue(req.depends, states)
+        if then == "cancel":
+            cancel(job.id, actor="workflow", reason="a job it depends on had failed", using=db)
+        elif then == "hold":
+            _hold(db, job.id, None, now)
+        elif then == "wake":
+            _unblock(db, [job.id], now)
+        job.refresh_from_db(using=db)
+    return job, True
+
+
+def _unblock(db, job_ids, now, current=None):
+    """Waiting jobs whose last dependency ended (``current``: (id, state, result) of the
+    one ending now) go to pending, each with its event."""
+    queues = set()
+    for job in Job.objects.using(db).select_for_update().filter(id__in=job_ids, state=State.WAITING):
+        changes = {"state": State.PENDING, "run_at": max(job.run_at, now)}
+        meta = {"after": current[0]} if current else {}
+        payload = workflows.passed_payload(db, job, current)
+        if payload is not None:
+            try:
+                changes["payload"] = validation.payload(payload)
+            except InvalidJob as exc:
+                # Too large with its dependencies' results: it runs without them rather
+                # than fail the end of the job that woke it.
+                meta["pass_error"] = str(exc)
+        Job.objects.using(db).filter(id=job.id).update(**changes)
+        _event(
+            job.id,
+            EventType.UNBLOCKED,
+            now,
+            from_state=State.WAITING,
+            to_state=State.PENDING,
+            metadata=meta,
+        ).save(using=db)
+        if changes["run_at"] <= now:
+            queues.add(job.queue_name)
+    engines.of(connections[db]).notify(sorted(queues))
+
+
+def _hold(db, job_id, upstream_id, now):
+    """A waiting job whose dependency failed stays waiting, held for an operator."""
+    job = Job.objects.using(db).select_for_update().get(id=job_id)
+    Job.objects.using(db).filter(id=job_id).update(depends={**(job.depends or {}), "held": True})
+    _event(
+        job_id,
+        EventType.HELD,
+        now,
+        from_state=State.WAITING,
+        to_state=State.WAITING,
+        message="a job it depends on failed: requeue runs it anyway, cancel drops it",
+        metadata={"after": upstream_id} if upstream_id else {},
+    ).save(using=db)
+
+
+def _workflow(db, job, state, now, result, error):
+    """Count a workflow job's end in its group and its dependents, and do what that
+    decides (workflows.Plan), in the caller's transaction; return what its event says."""
+    plan = workflows.job_ended(db, job, state, now)
+    for other in plan.cancel:
+        # One claimed or ended meanwhile settles on its own.
+        with suppress(InvalidTransition):
+            cancel(other, actor="workflow", reason=f"job {job.id} ended {state}", using=db)
+    for other in plan.hold:
+        _hold(db, other, job.id, now)
+    if plan.wake:
+        _unblock(db, plan.wake, now, (job.id, state, result))
+    meta = plan.meta
+    if plan.fire is not None:
+        req, refused = workflows.callback_request(db, plan.fire, now, (job.id, state, result, error))
+        # Its parent is the member whose end decided it: both timelines show the link.
+        callback = (
+            enqueue(dataclasses.replace(req, parent_id=job.id), using=db)[0] if req is not None else None
+        )
+        meta.update(workflows.callback_enqueued(db, plan.fire, callback and callback.id, refused))
+    return meta
+
+
 def bulk_enqueue(reqs, *, using=None):
     """Insert many validated requests in one transaction; return the jobs in order.
 
@@ -379,7 +486,12 @@ def bulk_enqueue(reqs, *, using=None):
     with transaction.atomic(using=db):
         plain = []
         for i, req in enumerate(reqs):
-            if req.idempotency_key is not None or req.debounce_key is not None or req.unique_key is not None:
+            if (
+                req.idempotency_key is not None
+                or req.debounce_key is not None
+                or req.unique_key is not None
+                or req.depends_on
+            ):
                 out[i], _ = enqueue(req, using=db)
             else:
                 plain.append(i)
@@ -491,12 +603,16 @@ _FOLLOW_UP_FIELDS = (
     "on_success",
     "on_failure",
     "webhook_url",
+    "group_id",
+    "in_workflow",
 )
 
 
 def _follow_ups(db, job, state, now, *, result=None, error=None):
     """Enqueue a finished job's chained job and webhook delivery, in the caller's
-    transaction; return what its terminal event records about them."""
+    transaction; return what its terminal event records about them. (Every terminal
+    edge calls this: it also tells wait() callers, on commit.)"""
+    engines.of(connections[db]).notify_ended([job.id])
     child, chained = chaining.follow_up(job, state, now, result=result, error=error)
     if child is not None:
         child, _ = enqueue(child, using=db)
@@ -506,6 +622,8 @@ def _follow_ups(db, job, state, now, *, result=None, error=None):
     if hook is not None:
         hook, _ = enqueue(hook, using=db)
         hooked = {"webhook": hook.id}
+    if job.in_workflow:
+        return {**chained, **hooked, **_workflow(db, job, state, now, result, error)}
     return {**chained, **hooked}
 
 
@@ -575,7 +693,8 @@ def complete(job_id, *, worker_id, attempt, result=None, output=None, using=None
 
 # Whether a job has anything to enqueue when it completes; read with the batch's lock.
 _HAS_FOLLOW_UP = ExpressionWrapper(
-    Q(on_success__isnull=False) | Q(webhook_url__isnull=False), output_field=BooleanField()
+    Q(on_success__isnull=False) | Q(webhook_url__isnull=False) | Q(in_workflow__isnull=False),
+    output_field=BooleanField(),
 )
 
 
@@ -958,6 +1077,8 @@ def recover(*, limit=500, now=None, owned_by=None, owner=None, exclude=(), using
         if not jobs:
             return out
         events, letters, back, dead, aborted, given_back = [], [], [], [], [], []
+        # Follow-ups once the rows say their new states: a group's callback reads them.
+        ended = []
         returns = settings.RECOVERY_RETURNS
         for job in jobs:
             error = events_.error(
@@ -983,9 +1104,9 @@ def recover(*, limit=500, now=None, owned_by=None, owner=None, exclude=(), using
                 {State.PENDING: back, State.DEAD_LETTER: dead, State.CANCELLED: aborted}[to].append(job.id)
             if to == State.DEAD_LETTER:
                 letters.append(_dead_letter_row(job, now, error, "lease_expired"))
-                meta.update(_follow_ups(db, job, State.DEAD_LETTER, now, error=error))
+                ended.append((meta, job, State.DEAD_LETTER, error))
             elif to == State.CANCELLED:
-                meta.update(_follow_ups(db, job, State.CANCELLED, now))
+                ended.append((meta, job, State.CANCELLED, None))
             events.append(
                 _event(
                     job.id,
@@ -1040,6 +1161,8 @@ def recover(*, limit=500, now=None, owned_by=None, owner=None, exclude=(), using
                 lease_expires_at=None,
             )
             DeadLetter.objects.using(db).bulk_create(letters)
+        for meta, job, to, error in ended:
+            meta.update(_follow_ups(db, job, to, now, error=error))
         Event.objects.using(db).bulk_create(events)
     for job_id, to in out:
         log.warning("recovered id=%s state=%s", job_id, to)
@@ -1074,7 +1197,7 @@ def requeue(job_id, *, payload=_UNSET, max_attempts=None, actor="", using=None):
     db = _db(using)
     now = timezone.now()
     with transaction.atomic(using=db):
-        job = _locked(db, job_id, {State.DEAD_LETTER, State.CANCELLED}, "requeue")
+        job = _locked(db, job_id, {State.DEAD_LETTER, State.CANCELLED, State.WAITING}, "requeue")
         changes = {
             "state": State.PENDING,
             "attempts": 0,
@@ -1085,7 +1208,7 @@ def requeue(job_id, *, payload=_UNSET, max_attempts=None, actor="", using=None):
             # A fresh budget of crashes too: a poison job is requeued once its fix is deployed.
             "crashes": None,
         }
-        meta = {"previous_attempts": job.attempts}
+        meta = {"previous_attempts": job.attempts, **workflows.reopened(db, job, job.state)}
         if job.crashes:
             meta["previous_crashes"] = job.crashes
         if payload is not _UNSET:
@@ -1121,7 +1244,7 @@ def cancel(job_id, *, actor="", reason="", using=None):
     db = _db(using)
     now = timezone.now()
     with transaction.atomic(using=db):
-        job = _locked(db, job_id, {State.PENDING}, "cancel")
+        job = _locked(db, job_id, {State.PENDING, State.WAITING}, "cancel")
         Job.objects.using(db).filter(id=job.id).update(
             state=State.CANCELLED,
             finished_at=now,

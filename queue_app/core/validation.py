@@ -3,6 +3,7 @@
 Every refusal is an InvalidJob that names the field and says what to fix.
 """
 
+import dataclasses
 import json
 import math
 import re
@@ -105,6 +106,12 @@ class EnqueueRequest:
     concurrency_key: str | None = None
     # Set by chaining for a follow-up job, never by callers.
     parent_id: int | None = None
+    # Workflows (core/workflows.py): the group it is a member of (set by canvas.group,
+    # never by callers), the ids it waits for, and its dependency options
+    # {"policy": cancel|run|hold, "pass": None|"arg"|"payload"}.
+    group_id: int | None = None
+    depends_on: tuple = ()
+    depends: dict | None = None
     # The payload's JSON text as validated, stored as is (None: encode ``payload``).
     payload_json: str | None = None
     # The earliest start asked for (run_at as given, in UTC, or now + run_after), before
@@ -446,6 +453,40 @@ SHELL_KIND = "shell"
 SHELL_PERMISSION = "queue_app.enqueue_shell_job"
 
 
+# What a job enqueued with depends_on does when one of them fails: cancel (the default),
+# run anyway, or hold for an operator (workflows.py).
+DEPENDENCY_POLICIES = ("cancel", "run", "hold")
+# How it receives their results: as its first positional argument (a @task chain) or
+# under "dependencies" in its payload; None: not at all.
+PASS_RESULT = (None, "arg", "payload")
+DEPENDENCY_FIELDS = ("depends_on", "on_dependency_failure", "pass_result")
+
+
+def dependency_options(depends_on, policy=None, pass_result=None):
+    """Validate depends_on (job ids) and its options; return (ids tuple, depends dict)."""
+    if depends_on is None:
+        return (), None
+    if isinstance(depends_on, (str, bytes)) or not hasattr(depends_on, "__iter__"):
+        raise InvalidJob("depends_on must be a list of job ids", "depends_on")
+    ids = []
+    for value in depends_on:
+        value = getattr(value, "id", value)
+        if type(value) is not int or value < 1:
+            raise InvalidJob(f"depends_on: {value!r} is not a job id", "depends_on")
+        if value not in ids:
+            ids.append(value)
+    policy = policy or DEPENDENCY_POLICIES[0]
+    if policy not in DEPENDENCY_POLICIES:
+        raise InvalidJob(
+            f"on_dependency_failure must be one of {', '.join(DEPENDENCY_POLICIES)}", "on_dependency_failure"
+        )
+    if pass_result not in PASS_RESULT:
+        raise InvalidJob("pass_result must be None, 'arg' or 'payload'", "pass_result")
+    if not ids:
+        return (), None
+    return tuple(ids), {"policy": policy, "pass": pass_result, "held": False}
+
+
 def enqueue_request(kind, payload_value=None, /, now=None, *, reserved_ok=False, **options):
     """Validate enqueue() arguments and return an EnqueueRequest."""
     return request(kind, payload_value, options, now or timezone.now(), reserved_ok=reserved_ok)
@@ -475,6 +516,15 @@ def _options_key(options):
 def request(kind, payload_value, options, now, checks=None, *, reserved_ok=False):
     """Validate one job's kind, payload and ``options`` (dict); return an EnqueueRequest.
     Refusals come in the order fields are listed in enqueue_options."""
+    if options and any(name in options for name in DEPENDENCY_FIELDS):
+        options = dict(options)
+        ids, depends = dependency_options(*(options.pop(name, None) for name in DEPENDENCY_FIELDS))
+        keyed = next((k for k in ("debounce_key", "unique_key") if options.get(k) is not None), None)
+        if ids and keyed:
+            # A waiting job is not one a debounce may update or a unique key return.
+            raise InvalidJob(f"{keyed} does not go with depends_on", keyed)
+        req = request(kind, payload_value, options, now, checks, reserved_ok=reserved_ok)
+        return dataclasses.replace(req, depends_on=ids, depends=depends) if ids else req
     key = fields = None
     if checks is not None:
         key = _options_key(options)

@@ -172,6 +172,10 @@ class Engine:
     def notify(self, queues):
         """Wake idle workers of ``queues`` when the caller's transaction commits (PostgreSQL)."""
 
+    def notify_ended(self, job_ids):
+        """Wake wait() callers of ``job_ids`` (ended in the caller's transaction) when it
+        commits (PostgreSQL; elsewhere they watch wake_version)."""
+
     # --- worker-owned writes -------------------------------------------------------------
 
     def claim(
@@ -205,7 +209,7 @@ class Engine:
     def complete_plain(self, done, owner, at_db, event):
         """Complete those of ``done`` [(job_id, attempt, result, metadata)] that ``owner``
         still holds (the Fence) and that have no follow-up to enqueue (no on_success, no
-        webhook_url), with one ``event`` each (job id and attempt left None, metadata
+        webhook_url, no workflow), with one ``event`` each (job id and attempt left None, metadata
         from ``done`` or the event's own); atomic together. Return the ids completed."""
         raise NotImplementedError
 
@@ -328,5 +332,18 @@ GATED = (
 COMPLETED_SET = (
     "state = 'completed', finished_at = %s, result = %s, lease_owner = NULL, lease_expires_at = NULL"
 )
-# A job a completion can settle in one statement: nothing to enqueue after it.
-NO_FOLLOW_UP = "on_success IS NULL AND webhook_url IS NULL"
+# What wait() listens on (PostgreSQL): NOTIFY_CHANNEL's, for ended jobs. The payload is
+# their ids, comma-separated, or ENDED_MANY ("look again") for a batch too long for one.
+ENDED_SUFFIX = "_ended"
+ENDED_MANY = "*"
+ENDED_MAX_IDS = 400
+
+
+def ended_channel():
+    channel = settings.NOTIFY_CHANNEL
+    return f"{channel}{ENDED_SUFFIX}" if channel else None
+
+
+# A job a completion can settle in one statement: nothing to enqueue after it, and no
+# group or dependent to tell (in_workflow: core/workflows.py).
+NO_FOLLOW_UP = "on_success IS NULL AND webhook_url IS NULL AND in_workflow IS NULL"

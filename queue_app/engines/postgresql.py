@@ -9,6 +9,8 @@ from queue_app.conf import settings
 from queue_app.engines import leasing, rows
 from queue_app.engines.base import (
     COMPLETED_SET,
+    ENDED_MANY,
+    ENDED_MAX_IDS,
     EVENT_ATTEMPT,
     EVENT_JOB,
     EVENT_METADATA,
@@ -17,6 +19,7 @@ from queue_app.engines.base import (
     Engine,
     Fence,
     WakeUp,
+    ended_channel,
 )
 from queue_app.engines.leasing import SET, TABLE, excluding
 
@@ -80,6 +83,14 @@ class PostgresEngine(Engine):
             with self.connection.cursor() as cursor:
                 for queue in queues:
                     cursor.execute("SELECT pg_notify(%s, %s)", [channel, queue])
+
+    def notify_ended(self, job_ids):
+        # As notify(): delivered on commit, dropped on rollback.
+        channel = ended_channel()
+        if channel and job_ids:
+            payload = ",".join(map(str, job_ids)) if len(job_ids) <= ENDED_MAX_IDS else ENDED_MANY
+            with self.connection.cursor() as cursor:
+                cursor.execute("SELECT pg_notify(%s, %s)", [channel, payload])
 
     # --- worker-owned writes -------------------------------------------------------------
 
@@ -202,9 +213,22 @@ class PostgresEngine(Engine):
             event, {EVENT_JOB: "id", EVENT_ATTEMPT: "attempts", EVENT_METADATA: "COALESCE(meta::jsonb, %s)"}
         )
         t = rows.JOB_TABLE
-        no_follow_up = NO_FOLLOW_UP.replace("on_success", f"{t}.on_success").replace(
-            "webhook_url", f"{t}.webhook_url"
+        no_follow_up = (
+            NO_FOLLOW_UP.replace("on_success", f"{t}.on_success")
+            .replace("webhook_url", f"{t}.webhook_url")
+            .replace("in_workflow", f"{t}.in_workflow")
         )
+        # wait() callers hear of these ends on commit (notify_ended's payload), from the
+        # same statement; a SELECT in a CTE runs only if used, hence the join.
+        channel = ended_channel()
+        told, told_join, told_params = "", "", []
+        if channel:
+            told = (
+                ", told AS (SELECT pg_notify(%s, CASE WHEN count(*) <= %s"
+                " THEN string_agg(id::text, ',') ELSE %s END) FROM done HAVING count(*) > 0)"
+            )
+            told_join = " LEFT JOIN told ON true"
+            told_params = [channel, ENDED_MAX_IDS, ENDED_MANY]
         sql = f"""
         WITH v(id, attempt, result, meta) AS (VALUES {rows.placeholders(4, len(done))}),
         done AS (
@@ -212,11 +236,11 @@ class PostgresEngine(Engine):
             FROM v WHERE {Fence.joined(t, "v")} AND {no_follow_up}
             RETURNING {t}.id, {t}.attempts, v.meta
         ),
-        logged AS (INSERT INTO {rows.EVENT_TABLE} ({rows.EVENT_COLUMNS}) SELECT {select} FROM done)
-        SELECT id FROM done
+        logged AS (INSERT INTO {rows.EVENT_TABLE} ({rows.EVENT_COLUMNS}) SELECT {select} FROM done){told}
+        SELECT id FROM done{told_join}
         """
         with connection.cursor() as cursor:
-            cursor.execute(sql, values + [at_db, owner] + event_params)
+            cursor.execute(sql, values + [at_db, owner] + event_params + told_params)
             return {row[0] for row in cursor.fetchall()}
 
     # --- waiting for work ----------------------------------------------------------------

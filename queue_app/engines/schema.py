@@ -56,8 +56,8 @@ def collate_keys_0010(collation):
     return run
 
 
-# 0017: debounce and unique keys are exact strings too (their lock row's primary key).
-def collate_admission_keys_0017(collation):
+# 0019: debounce and unique keys are exact strings too (their lock row's primary key).
+def collate_admission_keys_0019(collation):
     def run(apps, schema_editor):
         if schema_editor.connection.vendor != "mysql":
             return
@@ -66,3 +66,13 @@ def collate_admission_keys_0017(collation):
         )
 
     return run
+
+
+# 0020: on SQLite, changing the state check constraint (the new ``waiting`` state) rebuilds
+# the job table, which keeps only the indexes Django knows of: the claim indexes of 0002
+# are made again, as they were.
+def recreate_claim_indexes_0020(apps, schema_editor):
+    if schema_editor.connection.vendor != "sqlite":
+        return
+    for name, cols in CLAIM_INDEXES_PARTIAL:
+        schema_editor.execute(f"CREATE INDEX IF NOT EXISTS {name} ON queue_app_job {cols}")

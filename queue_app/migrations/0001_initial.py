@@ -6,77 +6,155 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='Job',
+            name="Job",
             fields=[
-                ('id', models.BigAutoField(primary_key=True, serialize=False)),
-                ('kind', models.CharField(max_length=200)),
-                ('queue_name', models.CharField(default='default', max_length=100)),
-                ('payload', models.JSONField(blank=True, default=dict)),
-                ('priority', models.SmallIntegerField(default=0)),
-                ('run_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('state', models.CharField(choices=[('pending', 'Pending'), ('leased', 'Leased'), ('completed', 'Completed'), ('dead_letter', 'Dead letter'), ('cancelled', 'Cancelled')], default='pending', max_length=16)),
-                ('attempts', models.PositiveIntegerField(default=0)),
-                ('max_attempts', models.PositiveIntegerField(default=3)),
-                ('idempotency_key', models.CharField(blank=True, max_length=255, null=True, unique=True)),
-                ('lease_owner', models.CharField(blank=True, max_length=255, null=True)),
-                ('lease_expires_at', models.DateTimeField(blank=True, null=True)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('result', models.JSONField(blank=True, null=True)),
-                ('last_error', models.JSONField(blank=True, null=True)),
-                ('timeout', models.FloatField(blank=True, help_text='Seconds; empty for the default.', null=True)),
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                ("kind", models.CharField(max_length=200)),
+                ("queue_name", models.CharField(default="default", max_length=100)),
+                ("payload", models.JSONField(blank=True, default=dict)),
+                ("priority", models.SmallIntegerField(default=0)),
+                ("run_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("pending", "Pending"),
+                            ("leased", "Leased"),
+                            ("completed", "Completed"),
+                            ("dead_letter", "Dead letter"),
+                            ("cancelled", "Cancelled"),
+                        ],
+                        default="pending",
+                        max_length=16,
+                    ),
+                ),
+                ("attempts", models.PositiveIntegerField(default=0)),
+                ("max_attempts", models.PositiveIntegerField(default=3)),
+                ("idempotency_key", models.CharField(blank=True, max_length=255, null=True, unique=True)),
+                ("lease_owner", models.CharField(blank=True, max_length=255, null=True)),
+                ("lease_expires_at", models.DateTimeField(blank=True, null=True)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                ("result", models.JSONField(blank=True, null=True)),
+                ("last_error", models.JSONField(blank=True, null=True)),
+                (
+                    "timeout",
+                    models.FloatField(blank=True, help_text="Seconds; empty for the default.", null=True),
+                ),
             ],
             options={
-                'ordering': ['-id'],
-                'indexes': [models.Index(fields=['state', 'kind'], name='jq_job_state_kind')],
-                'constraints': [models.CheckConstraint(condition=models.Q(('priority__gte', -100), ('priority__lte', 100)), name='jq_job_priority_range'), models.CheckConstraint(condition=models.Q(('attempts__gte', 0)), name='jq_job_attempts_nonneg'), models.CheckConstraint(condition=models.Q(('max_attempts__gte', 1)), name='jq_job_max_attempts_pos'), models.CheckConstraint(condition=models.Q(('state__in', ['pending', 'leased', 'completed', 'dead_letter', 'cancelled'])), name='jq_job_state_valid'), models.CheckConstraint(condition=models.Q(models.Q(('lease_expires_at__isnull', False), ('lease_owner__isnull', False), ('state', 'leased')), models.Q(models.Q(('state', 'leased'), _negated=True), ('lease_expires_at__isnull', True), ('lease_owner__isnull', True)), _connector='OR'), name='jq_job_lease_iff_leased')],
+                "ordering": ["-id"],
+                "indexes": [models.Index(fields=["state", "kind"], name="jq_job_state_kind")],
+                "constraints": [
+                    models.CheckConstraint(
+                        condition=models.Q(("priority__gte", -100), ("priority__lte", 100)),
+                        name="jq_job_priority_range",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("attempts__gte", 0)), name="jq_job_attempts_nonneg"
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("max_attempts__gte", 1)), name="jq_job_max_attempts_pos"
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(
+                            ("state__in", ["pending", "leased", "completed", "dead_letter", "cancelled"])
+                        ),
+                        name="jq_job_state_valid",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(
+                            models.Q(
+                                ("lease_expires_at__isnull", False),
+                                ("lease_owner__isnull", False),
+                                ("state", "leased"),
+                            ),
+                            models.Q(
+                                models.Q(("state", "leased"), _negated=True),
+                                ("lease_expires_at__isnull", True),
+                                ("lease_owner__isnull", True),
+                            ),
+                            _connector="OR",
+                        ),
+                        name="jq_job_lease_iff_leased",
+                    ),
+                ],
             },
         ),
         migrations.CreateModel(
-            name='Event',
+            name="Event",
             fields=[
-                ('id', models.BigAutoField(primary_key=True, serialize=False)),
-                ('type', models.CharField(choices=[('enqueued', 'Enqueued'), ('claimed', 'Claimed'), ('completed', 'Completed'), ('failed', 'Failed'), ('dead_lettered', 'Dead-lettered'), ('recovered', 'Recovered'), ('requeued', 'Requeued'), ('cancelled', 'Cancelled'), ('rescheduled', 'Rescheduled'), ('priority_changed', 'Priority Changed'), ('payload_changed', 'Payload Changed'), ('released', 'Released')], max_length=32)),
-                ('at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('attempt', models.PositiveIntegerField(default=0)),
-                ('worker', models.CharField(blank=True, default='', max_length=255)),
-                ('from_state', models.CharField(blank=True, default='', max_length=16)),
-                ('to_state', models.CharField(blank=True, default='', max_length=16)),
-                ('message', models.TextField(blank=True, default='')),
-                ('metadata', models.JSONField(blank=True, default=dict)),
-                ('job', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='events', to='queue_app.job')),
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                (
+                    "type",
+                    models.CharField(
+                        choices=[
+                            ("enqueued", "Enqueued"),
+                            ("claimed", "Claimed"),
+                            ("completed", "Completed"),
+                            ("failed", "Failed"),
+                            ("dead_lettered", "Dead-lettered"),
+                            ("recovered", "Recovered"),
+                            ("requeued", "Requeued"),
+                            ("cancelled", "Cancelled"),
+                            ("rescheduled", "Rescheduled"),
+                            ("priority_changed", "Priority Changed"),
+                            ("payload_changed", "Payload Changed"),
+                            ("released", "Released"),
+                        ],
+                        max_length=32,
+                    ),
+                ),
+                ("at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("attempt", models.PositiveIntegerField(default=0)),
+                ("worker", models.CharField(blank=True, default="", max_length=255)),
+                ("from_state", models.CharField(blank=True, default="", max_length=16)),
+                ("to_state", models.CharField(blank=True, default="", max_length=16)),
+                ("message", models.TextField(blank=True, default="")),
+                ("metadata", models.JSONField(blank=True, default=dict)),
+                (
+                    "job",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="events", to="queue_app.job"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['id'],
-                'indexes': [models.Index(fields=['type', 'at'], name='jq_event_type_at')],
+                "ordering": ["id"],
+                "indexes": [models.Index(fields=["type", "at"], name="jq_event_type_at")],
             },
         ),
         migrations.CreateModel(
-            name='DeadLetter',
+            name="DeadLetter",
             fields=[
-                ('id', models.BigAutoField(primary_key=True, serialize=False)),
-                ('kind', models.CharField(max_length=200)),
-                ('payload', models.JSONField(blank=True, default=dict)),
-                ('attempts', models.PositiveIntegerField()),
-                ('error', models.JSONField(blank=True, null=True)),
-                ('reason', models.CharField(default='failed', max_length=32)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('resolved_at', models.DateTimeField(blank=True, null=True)),
-                ('resolution', models.CharField(blank=True, default='', max_length=32)),
-                ('job', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='dead_letters', to='queue_app.job')),
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                ("kind", models.CharField(max_length=200)),
+                ("payload", models.JSONField(blank=True, default=dict)),
+                ("attempts", models.PositiveIntegerField()),
+                ("error", models.JSONField(blank=True, null=True)),
+                ("reason", models.CharField(default="failed", max_length=32)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("resolved_at", models.DateTimeField(blank=True, null=True)),
+                ("resolution", models.CharField(blank=True, default="", max_length=32)),
+                (
+                    "job",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="dead_letters",
+                        to="queue_app.job",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-id'],
-                'indexes': [models.Index(fields=['resolved_at', 'created_at'], name='jq_dead_resolved')],
+                "ordering": ["-id"],
+                "indexes": [models.Index(fields=["resolved_at", "created_at"], name="jq_dead_resolved")],
             },
         ),
     ]

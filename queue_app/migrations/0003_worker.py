@@ -5,34 +5,40 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('queue_app', '0002_claim_indexes'),
+        ("queue_app", "0002_claim_indexes"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Worker',
+            name="Worker",
             fields=[
-                ('id', models.BigAutoField(primary_key=True, serialize=False)),
-                ('name', models.CharField(max_length=255, unique=True)),
-                ('host', models.CharField(max_length=255)),
-                ('pid', models.PositiveIntegerField()),
-                ('queues', models.JSONField(blank=True, default=list)),
-                ('kinds', models.JSONField(blank=True, default=list)),
-                ('concurrency', models.PositiveIntegerField(default=1)),
-                ('threads', models.PositiveIntegerField(default=1)),
-                ('state', models.CharField(choices=[('running', 'Running'), ('stopping', 'Stopping'), ('stopped', 'Stopped')], default='running', max_length=16)),
-                ('started_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('last_heartbeat', models.DateTimeField(default=django.utils.timezone.now)),
-                ('stopped_at', models.DateTimeField(blank=True, null=True)),
-                ('stop_requested_at', models.DateTimeField(blank=True, null=True)),
-                ('jobs_in_hand', models.PositiveIntegerField(default=0)),
-                ('jobs_done', models.PositiveBigIntegerField(default=0)),
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                ("name", models.CharField(max_length=255, unique=True)),
+                ("host", models.CharField(max_length=255)),
+                ("pid", models.PositiveIntegerField()),
+                ("queues", models.JSONField(blank=True, default=list)),
+                ("kinds", models.JSONField(blank=True, default=list)),
+                ("concurrency", models.PositiveIntegerField(default=1)),
+                ("threads", models.PositiveIntegerField(default=1)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[("running", "Running"), ("stopping", "Stopping"), ("stopped", "Stopped")],
+                        default="running",
+                        max_length=16,
+                    ),
+                ),
+                ("started_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("last_heartbeat", models.DateTimeField(default=django.utils.timezone.now)),
+                ("stopped_at", models.DateTimeField(blank=True, null=True)),
+                ("stop_requested_at", models.DateTimeField(blank=True, null=True)),
+                ("jobs_in_hand", models.PositiveIntegerField(default=0)),
+                ("jobs_done", models.PositiveBigIntegerField(default=0)),
             ],
             options={
-                'ordering': ['-started_at', '-id'],
-                'indexes': [models.Index(fields=['state', 'last_heartbeat'], name='jq_worker_state_hb')],
+                "ordering": ["-started_at", "-id"],
+                "indexes": [models.Index(fields=["state", "last_heartbeat"], name="jq_worker_state_hb")],
             },
         ),
     ]

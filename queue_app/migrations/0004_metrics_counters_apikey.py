@@ -6,55 +6,56 @@ from django.db import migrations, models
 
 def create_checkpoint(apps, schema_editor):
     # The fold locks this row; it must exist before the first scrape.
-    apps.get_model("queue_app", "MetricsCheckpoint").objects.using(schema_editor.connection.alias).get_or_create(id=1)
+    apps.get_model("queue_app", "MetricsCheckpoint").objects.using(
+        schema_editor.connection.alias
+    ).get_or_create(id=1)
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('queue_app', '0003_worker'),
+        ("queue_app", "0003_worker"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='ApiKey',
+            name="ApiKey",
             fields=[
-                ('id', models.BigAutoField(primary_key=True, serialize=False)),
-                ('name', models.CharField(max_length=100, unique=True)),
-                ('prefix', models.CharField(max_length=12)),
-                ('hashed_key', models.CharField(max_length=64, unique=True)),
-                ('can_write', models.BooleanField(default=True)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('last_used_at', models.DateTimeField(blank=True, null=True)),
-                ('revoked_at', models.DateTimeField(blank=True, null=True)),
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                ("name", models.CharField(max_length=100, unique=True)),
+                ("prefix", models.CharField(max_length=12)),
+                ("hashed_key", models.CharField(max_length=64, unique=True)),
+                ("can_write", models.BooleanField(default=True)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("last_used_at", models.DateTimeField(blank=True, null=True)),
+                ("revoked_at", models.DateTimeField(blank=True, null=True)),
             ],
             options={
-                'ordering': ['name'],
+                "ordering": ["name"],
             },
         ),
         migrations.CreateModel(
-            name='EventCount',
+            name="EventCount",
             fields=[
-                ('type', models.CharField(max_length=32, primary_key=True, serialize=False)),
-                ('count', models.BigIntegerField(default=0)),
+                ("type", models.CharField(max_length=32, primary_key=True, serialize=False)),
+                ("count", models.BigIntegerField(default=0)),
             ],
         ),
         migrations.CreateModel(
-            name='JobDuration',
+            name="JobDuration",
             fields=[
-                ('kind', models.CharField(max_length=200, primary_key=True, serialize=False)),
-                ('buckets', models.JSONField(default=list)),
-                ('count', models.BigIntegerField(default=0)),
-                ('sum', models.FloatField(default=0.0)),
+                ("kind", models.CharField(max_length=200, primary_key=True, serialize=False)),
+                ("buckets", models.JSONField(default=list)),
+                ("count", models.BigIntegerField(default=0)),
+                ("sum", models.FloatField(default=0.0)),
             ],
         ),
         migrations.CreateModel(
-            name='MetricsCheckpoint',
+            name="MetricsCheckpoint",
             fields=[
-                ('id', models.PositiveSmallIntegerField(default=1, primary_key=True, serialize=False)),
-                ('last_event_id', models.BigIntegerField(default=0)),
-                ('gaps', models.JSONField(blank=True, default=dict)),
-                ('folded_at', models.DateTimeField(blank=True, null=True)),
+                ("id", models.PositiveSmallIntegerField(default=1, primary_key=True, serialize=False)),
+                ("last_event_id", models.BigIntegerField(default=0)),
+                ("gaps", models.JSONField(blank=True, default=dict)),
+                ("folded_at", models.DateTimeField(blank=True, null=True)),
             ],
         ),
         migrations.RunPython(create_checkpoint, migrations.RunPython.noop),

@@ -4,18 +4,17 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('queue_app', '0004_metrics_counters_apikey'),
+        ("queue_app", "0004_metrics_counters_apikey"),
     ]
 
     operations = [
         migrations.RemoveIndex(
-            model_name='job',
-            name='jq_job_state_kind',
+            model_name="job",
+            name="jq_job_state_kind",
         ),
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(fields=['state', 'kind', 'queue_name'], name='jq_job_state_kind_queue'),
+            model_name="job",
+            index=models.Index(fields=["state", "kind", "queue_name"], name="jq_job_state_kind_queue"),
         ),
     ]

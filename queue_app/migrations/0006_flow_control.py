@@ -6,82 +6,112 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('queue_app', '0005_job_count_index'),
+        ("queue_app", "0005_job_count_index"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='KindLimit',
+            name="KindLimit",
             fields=[
-                ('kind', models.CharField(max_length=200, primary_key=True, serialize=False)),
-                ('concurrency', models.PositiveIntegerField(blank=True, help_text='Empty: no limit.', null=True)),
-                ('rate_limit', models.PositiveIntegerField(blank=True, help_text='Starts per period; empty: no limit.', null=True)),
-                ('rate_period', models.FloatField(default=60.0, help_text='Seconds.')),
-                ('window_start', models.DateTimeField(blank=True, null=True)),
-                ('window_count', models.PositiveIntegerField(default=0)),
-                ('from_settings', models.BooleanField(default=False)),
-                ('updated_at', models.DateTimeField(default=django.utils.timezone.now)),
+                ("kind", models.CharField(max_length=200, primary_key=True, serialize=False)),
+                (
+                    "concurrency",
+                    models.PositiveIntegerField(blank=True, help_text="Empty: no limit.", null=True),
+                ),
+                (
+                    "rate_limit",
+                    models.PositiveIntegerField(
+                        blank=True, help_text="Starts per period; empty: no limit.", null=True
+                    ),
+                ),
+                ("rate_period", models.FloatField(default=60.0, help_text="Seconds.")),
+                ("window_start", models.DateTimeField(blank=True, null=True)),
+                ("window_count", models.PositiveIntegerField(default=0)),
+                ("from_settings", models.BooleanField(default=False)),
+                ("updated_at", models.DateTimeField(default=django.utils.timezone.now)),
             ],
             options={
-                'ordering': ['kind'],
+                "ordering": ["kind"],
             },
         ),
         migrations.CreateModel(
-            name='Schedule',
+            name="Schedule",
             fields=[
-                ('id', models.BigAutoField(primary_key=True, serialize=False)),
-                ('name', models.CharField(max_length=100, unique=True)),
-                ('cron', models.CharField(help_text="Cron expression, e.g. '*/5 * * * *' (croniter; 6 fields = seconds).", max_length=200)),
-                ('kind', models.CharField(max_length=200)),
-                ('payload', models.JSONField(blank=True, default=dict)),
-                ('queue_name', models.CharField(default='default', max_length=100)),
-                ('priority', models.SmallIntegerField(default=0)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('timezone', models.CharField(default='UTC', max_length=64)),
-                ('enabled', models.BooleanField(default=True)),
-                ('missed_ticks', models.CharField(blank=True, choices=[('run_once', 'Run Once'), ('skip', 'Skip')], default='', max_length=16)),
-                ('last_tick', models.DateTimeField(blank=True, null=True)),
-                ('from_settings', models.BooleanField(default=False)),
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                ("name", models.CharField(max_length=100, unique=True)),
+                (
+                    "cron",
+                    models.CharField(
+                        help_text="Cron expression, e.g. '*/5 * * * *' (croniter; 6 fields = seconds).",
+                        max_length=200,
+                    ),
+                ),
+                ("kind", models.CharField(max_length=200)),
+                ("payload", models.JSONField(blank=True, default=dict)),
+                ("queue_name", models.CharField(default="default", max_length=100)),
+                ("priority", models.SmallIntegerField(default=0)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("timezone", models.CharField(default="UTC", max_length=64)),
+                ("enabled", models.BooleanField(default=True)),
+                (
+                    "missed_ticks",
+                    models.CharField(
+                        blank=True,
+                        choices=[("run_once", "Run Once"), ("skip", "Skip")],
+                        default="",
+                        max_length=16,
+                    ),
+                ),
+                ("last_tick", models.DateTimeField(blank=True, null=True)),
+                ("from_settings", models.BooleanField(default=False)),
             ],
             options={
-                'ordering': ['name'],
+                "ordering": ["name"],
             },
         ),
         migrations.AddField(
-            model_name='job',
-            name='on_failure',
+            model_name="job",
+            name="on_failure",
             field=models.JSONField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='job',
-            name='on_success',
+            model_name="job",
+            name="on_success",
             field=models.JSONField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='job',
-            name='parent',
-            field=models.ForeignKey(blank=True, db_constraint=False, null=True, on_delete=django.db.models.deletion.DO_NOTHING, related_name='children', to='queue_app.job'),
+            model_name="job",
+            name="parent",
+            field=models.ForeignKey(
+                blank=True,
+                db_constraint=False,
+                null=True,
+                on_delete=django.db.models.deletion.DO_NOTHING,
+                related_name="children",
+                to="queue_app.job",
+            ),
         ),
         migrations.AddField(
-            model_name='job',
-            name='webhook_url',
+            model_name="job",
+            name="webhook_url",
             field=models.CharField(blank=True, max_length=2000, null=True),
         ),
         migrations.CreateModel(
-            name='Pause',
+            name="Pause",
             fields=[
-                ('id', models.BigAutoField(primary_key=True, serialize=False)),
-                ('scope', models.CharField(choices=[('queue', 'Queue'), ('kind', 'Kind')], max_length=8)),
-                ('name', models.CharField(max_length=200)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('actor', models.CharField(blank=True, default='', max_length=255)),
-                ('reason', models.TextField(blank=True, default='')),
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                ("scope", models.CharField(choices=[("queue", "Queue"), ("kind", "Kind")], max_length=8)),
+                ("name", models.CharField(max_length=200)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("actor", models.CharField(blank=True, default="", max_length=255)),
+                ("reason", models.TextField(blank=True, default="")),
             ],
             options={
-                'ordering': ['scope', 'name'],
-                'constraints': [models.UniqueConstraint(fields=('scope', 'name'), name='jq_pause_scope_name')],
+                "ordering": ["scope", "name"],
+                "constraints": [
+                    models.UniqueConstraint(fields=("scope", "name"), name="jq_pause_scope_name")
+                ],
             },
         ),
     ]

@@ -4,25 +4,24 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('queue_app', '0006_flow_control'),
+        ("queue_app", "0006_flow_control"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='job',
-            name='backoff_base',
-            field=models.FloatField(blank=True, help_text='Empty for the default.', null=True),
+            model_name="job",
+            name="backoff_base",
+            field=models.FloatField(blank=True, help_text="Empty for the default.", null=True),
         ),
         migrations.AddField(
-            model_name='job',
-            name='backoff_jitter',
-            field=models.BooleanField(blank=True, help_text='Empty for the default.', null=True),
+            model_name="job",
+            name="backoff_jitter",
+            field=models.BooleanField(blank=True, help_text="Empty for the default.", null=True),
         ),
         migrations.AddField(
-            model_name='job',
-            name='backoff_max',
-            field=models.FloatField(blank=True, help_text='Seconds; empty for the default.', null=True),
+            model_name="job",
+            name="backoff_max",
+            field=models.FloatField(blank=True, help_text="Seconds; empty for the default.", null=True),
         ),
     ]

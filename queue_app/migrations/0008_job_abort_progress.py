@@ -4,35 +4,51 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('queue_app', '0007_job_backoff'),
+        ("queue_app", "0007_job_backoff"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='job',
-            name='cancel_requested_at',
+            model_name="job",
+            name="cancel_requested_at",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='job',
-            name='metadata',
+            model_name="job",
+            name="metadata",
             field=models.JSONField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='job',
-            name='progress',
-            field=models.FloatField(blank=True, help_text='0-100, as the handler last reported.', null=True),
+            model_name="job",
+            name="progress",
+            field=models.FloatField(blank=True, help_text="0-100, as the handler last reported.", null=True),
         ),
         migrations.AddField(
-            model_name='job',
-            name='progress_message',
+            model_name="job",
+            name="progress_message",
             field=models.CharField(blank=True, max_length=500, null=True),
         ),
         migrations.AlterField(
-            model_name='event',
-            name='type',
-            field=models.CharField(choices=[('enqueued', 'Enqueued'), ('claimed', 'Claimed'), ('completed', 'Completed'), ('failed', 'Failed'), ('dead_lettered', 'Dead-lettered'), ('recovered', 'Recovered'), ('requeued', 'Requeued'), ('cancelled', 'Cancelled'), ('rescheduled', 'Rescheduled'), ('priority_changed', 'Priority Changed'), ('payload_changed', 'Payload Changed'), ('released', 'Released'), ('abort_requested', 'Abort Requested')], max_length=32),
+            model_name="event",
+            name="type",
+            field=models.CharField(
+                choices=[
+                    ("enqueued", "Enqueued"),
+                    ("claimed", "Claimed"),
+                    ("completed", "Completed"),
+                    ("failed", "Failed"),
+                    ("dead_lettered", "Dead-lettered"),
+                    ("recovered", "Recovered"),
+                    ("requeued", "Requeued"),
+                    ("cancelled", "Cancelled"),
+                    ("rescheduled", "Rescheduled"),
+                    ("priority_changed", "Priority Changed"),
+                    ("payload_changed", "Payload Changed"),
+                    ("released", "Released"),
+                    ("abort_requested", "Abort Requested"),
+                ],
+                max_length=32,
+            ),
         ),
     ]

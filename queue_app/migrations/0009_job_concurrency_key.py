@@ -4,20 +4,23 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('queue_app', '0008_job_abort_progress'),
+        ("queue_app", "0008_job_abort_progress"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='job',
-            name='concurrency_key',
-            field=models.CharField(blank=True, help_text='Empty: not limited per key.', max_length=255, null=True),
+            model_name="job",
+            name="concurrency_key",
+            field=models.CharField(
+                blank=True, help_text="Empty: not limited per key.", max_length=255, null=True
+            ),
         ),
         migrations.AddField(
-            model_name='kindlimit',
-            name='per_key',
-            field=models.PositiveIntegerField(blank=True, help_text='Leased at once per concurrency key; empty: no limit.', null=True),
+            model_name="kindlimit",
+            name="per_key",
+            field=models.PositiveIntegerField(
+                blank=True, help_text="Leased at once per concurrency key; empty: no limit.", null=True
+            ),
         ),
     ]

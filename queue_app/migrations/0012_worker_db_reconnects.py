@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('queue_app', '0011_job_run_after'),
+        ("queue_app", "0011_job_run_after"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='worker',
-            name='db_reconnects',
+            model_name="worker",
+            name="db_reconnects",
             field=models.PositiveBigIntegerField(default=0),
         ),
     ]

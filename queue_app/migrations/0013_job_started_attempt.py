@@ -4,20 +4,19 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('queue_app', '0012_worker_db_reconnects'),
+        ("queue_app", "0012_worker_db_reconnects"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='job',
-            name='returned_attempts',
+            model_name="job",
+            name="returned_attempts",
             field=models.PositiveIntegerField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='job',
-            name='started_attempt',
+            model_name="job",
+            name="started_attempt",
             field=models.PositiveIntegerField(blank=True, null=True),
         ),
     ]

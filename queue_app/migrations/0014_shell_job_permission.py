@@ -4,19 +4,26 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('queue_app', '0013_job_started_attempt'),
+        ("queue_app", "0013_job_started_attempt"),
     ]
 
     operations = [
         migrations.AlterModelOptions(
-            name='job',
-            options={'ordering': ['-id'], 'permissions': [('enqueue_shell_job', 'Can enqueue, edit and requeue shell jobs (commands run on workers)')]},
+            name="job",
+            options={
+                "ordering": ["-id"],
+                "permissions": [
+                    (
+                        "enqueue_shell_job",
+                        "Can enqueue, edit and requeue shell jobs (commands run on workers)",
+                    )
+                ],
+            },
         ),
         migrations.AddField(
-            model_name='apikey',
-            name='can_run_shell',
+            model_name="apikey",
+            name="can_run_shell",
             field=models.BooleanField(default=False),
         ),
     ]

@@ -9,20 +9,19 @@ def read_only_keys_stay_read_only(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('queue_app', '0014_shell_job_permission'),
+        ("queue_app", "0014_shell_job_permission"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='apikey',
-            name='can_operate',
+            model_name="apikey",
+            name="can_operate",
             field=models.BooleanField(default=True),
         ),
         migrations.AddField(
-            model_name='apikey',
-            name='expires_at',
+            model_name="apikey",
+            name="expires_at",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.RunPython(read_only_keys_stay_read_only, migrations.RunPython.noop),

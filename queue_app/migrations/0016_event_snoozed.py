@@ -4,15 +4,32 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('queue_app', '0015_apikey_scopes_expiry'),
+        ("queue_app", "0015_apikey_scopes_expiry"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='event',
-            name='type',
-            field=models.CharField(choices=[('enqueued', 'Enqueued'), ('claimed', 'Claimed'), ('completed', 'Completed'), ('failed', 'Failed'), ('dead_lettered', 'Dead-lettered'), ('recovered', 'Recovered'), ('requeued', 'Requeued'), ('cancelled', 'Cancelled'), ('rescheduled', 'Rescheduled'), ('priority_changed', 'Priority Changed'), ('payload_changed', 'Payload Changed'), ('released', 'Released'), ('snoozed', 'Snoozed'), ('abort_requested', 'Abort Requested')], max_length=32),
+            model_name="event",
+            name="type",
+            field=models.CharField(
+                choices=[
+                    ("enqueued", "Enqueued"),
+                    ("claimed", "Claimed"),
+                    ("completed", "Completed"),
+                    ("failed", "Failed"),
+                    ("dead_lettered", "Dead-lettered"),
+                    ("recovered", "Recovered"),
+                    ("requeued", "Requeued"),
+                    ("cancelled", "Cancelled"),
+                    ("rescheduled", "Rescheduled"),
+                    ("priority_changed", "Priority Changed"),
+                    ("payload_changed", "Payload Changed"),
+                    ("released", "Released"),
+                    ("snoozed", "Snoozed"),
+                    ("abort_requested", "Abort Requested"),
+                ],
+                max_length=32,
+            ),
         ),
     ]

@@ -4,19 +4,27 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('queue_app', '0016_event_snoozed'),
+        ("queue_app", "0016_event_snoozed"),
     ]
 
     operations = [
         migrations.AlterModelOptions(
-            name='job',
-            options={'ordering': ['-id'], 'permissions': [('enqueue_shell_job', 'Can enqueue, edit and requeue shell jobs (commands run on workers)'), ('view_unredacted_payload', 'Can see payloads, results, errors and output unredacted')]},
+            name="job",
+            options={
+                "ordering": ["-id"],
+                "permissions": [
+                    (
+                        "enqueue_shell_job",
+                        "Can enqueue, edit and requeue shell jobs (commands run on workers)",
+                    ),
+                    ("view_unredacted_payload", "Can see payloads, results, errors and output unredacted"),
+                ],
+            },
         ),
         migrations.AddField(
-            model_name='apikey',
-            name='can_see_unredacted',
+            model_name="apikey",
+            name="can_see_unredacted",
             field=models.BooleanField(default=False),
         ),
     ]

@@ -4,20 +4,19 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('queue_app', '0017_unredacted_payload'),
+        ("queue_app", "0017_unredacted_payload"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='job',
-            name='crashes',
+            model_name="job",
+            name="crashes",
             field=models.PositiveIntegerField(blank=True, null=True),
         ),
         migrations.AlterField(
-            model_name='deadletter',
-            name='reason',
-            field=models.CharField(default='failed', max_length=200),
+            model_name="deadletter",
+            name="reason",
+            field=models.CharField(default="failed", max_length=200),
         ),
     ]

@@ -5,31 +5,51 @@ collates as bytes, as the job's keys do since 0010 (engines/schema.py)."""
 
 from django.db import migrations, models
 
-from queue_app.engines.schema import collate_admission_keys_0017
+from queue_app.engines.schema import collate_admission_keys_0019
 
 
 class Migration(migrations.Migration):
     atomic = False  # MariaDB cannot run DDL inside a transaction
 
     dependencies = [
-        ('queue_app', '0018_retry_crashes'),
+        ("queue_app", "0018_retry_crashes"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='AdmissionKey',
+            name="AdmissionKey",
             fields=[
-                ('id', models.CharField(max_length=255, primary_key=True, serialize=False)),
-                ('job_id', models.BigIntegerField(blank=True, null=True)),
-                ('updated_at', models.DateTimeField()),
+                ("id", models.CharField(max_length=255, primary_key=True, serialize=False)),
+                ("job_id", models.BigIntegerField(blank=True, null=True)),
+                ("updated_at", models.DateTimeField()),
             ],
         ),
         migrations.AlterField(
-            model_name='event',
-            name='type',
-            field=models.CharField(choices=[('enqueued', 'Enqueued'), ('claimed', 'Claimed'), ('completed', 'Completed'), ('failed', 'Failed'), ('dead_lettered', 'Dead-lettered'), ('recovered', 'Recovered'), ('requeued', 'Requeued'), ('cancelled', 'Cancelled'), ('rescheduled', 'Rescheduled'), ('priority_changed', 'Priority Changed'), ('payload_changed', 'Payload Changed'), ('released', 'Released'), ('snoozed', 'Snoozed'), ('debounced', 'Debounced'), ('abort_requested', 'Abort Requested')], max_length=32),
+            model_name="event",
+            name="type",
+            field=models.CharField(
+                choices=[
+                    ("enqueued", "Enqueued"),
+                    ("claimed", "Claimed"),
+                    ("completed", "Completed"),
+                    ("failed", "Failed"),
+                    ("dead_lettered", "Dead-lettered"),
+                    ("recovered", "Recovered"),
+                    ("requeued", "Requeued"),
+                    ("cancelled", "Cancelled"),
+                    ("rescheduled", "Rescheduled"),
+                    ("priority_changed", "Priority Changed"),
+                    ("payload_changed", "Payload Changed"),
+                    ("released", "Released"),
+                    ("snoozed", "Snoozed"),
+                    ("debounced", "Debounced"),
+                    ("abort_requested", "Abort Requested"),
+                ],
+                max_length=32,
+            ),
         ),
         migrations.RunPython(
-            collate_admission_keys_0017("utf8mb4_nopad_bin"), collate_admission_keys_0017("utf8mb4_general_ci")
+            collate_admission_keys_0019("utf8mb4_nopad_bin"),
+            collate_admission_keys_0019("utf8mb4_general_ci"),
         ),
     ]

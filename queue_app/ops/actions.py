@@ -42,9 +42,14 @@ class Action:
 ACTIONS = {
     a.name: a
     for a in [
-        Action("requeue", "Requeue", frozenset({State.DEAD_LETTER, State.CANCELLED}), option="max_attempts"),
+        Action(
+            "requeue",
+            "Requeue",
+            frozenset({State.DEAD_LETTER, State.CANCELLED, State.WAITING}),
+            option="max_attempts",
+        ),
         Action("retry_now", "Retry now", frozenset({State.PENDING})),
-        Action("cancel", "Cancel", frozenset({State.PENDING, State.LEASED})),
+        Action("cancel", "Cancel", frozenset({State.PENDING, State.LEASED, State.WAITING})),
         Action(
             "change_priority",
             "Change priority",

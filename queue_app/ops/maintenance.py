@@ -10,12 +10,13 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from queue_app.conf import settings
 from queue_app.core import validation
 from queue_app.exceptions import InvalidJob
-from queue_app.models import DeadLetter, Event, Job, State
+from queue_app.models import DeadLetter, Event, Job, JobGroup, State
 from queue_app.ops import metrics
 
 # States prune may delete; live jobs (pending, leased) are never pruned.
@@ -35,7 +36,13 @@ def prunable(older_than, states=PRUNE_DEFAULT, now=None):
         raise InvalidJob(f"cannot prune {', '.join(bad)} jobs; choose from {', '.join(PRUNABLE)}", "state")
     older_than = validation.seconds(older_than, "older_than", maximum=3650 * 86400, allow_zero=True)
     cutoff = (now or timezone.now()) - timedelta(seconds=older_than)
-    return Job.objects.filter(state__in=states, finished_at__lt=cutoff)
+    # A workflow stays whole: no member of a group still open (a requeued member re-opens it).
+    # (A subquery, not a join: prune locks the rows it reads, and PostgreSQL cannot lock
+    # the nullable side of an outer join.)
+    whole = Q(group_id__isnull=True) | Q(
+        group_id__in=JobGroup.objects.filter(closed_at__isnull=False).values("id")
+    )
+    return Job.objects.filter(whole, state__in=states, finished_at__lt=cutoff)
 
 
 @dataclass
@@ -67,6 +74,8 @@ def prune(older_than, states=PRUNE_DEFAULT, *, batch_size=None, dry_run=False, p
     while True:
         candidates = list(ids_qs.filter(id__gt=last)[:batch_size])
         if not candidates:
+            # Groups go with their last member.
+            JobGroup.objects.filter(closed_at__isnull=False, members__isnull=True).delete()
             return out
         last = candidates[-1]
         with transaction.atomic():

@@ -47,7 +47,7 @@ from queue_app.models import (
 from queue_app.ops import redaction
 
 # Stored states, in the order every surface shows them.
-STATES = (State.PENDING, State.LEASED, State.COMPLETED, State.DEAD_LETTER, State.CANCELLED)
+STATES = (State.WAITING, State.PENDING, State.LEASED, State.COMPLETED, State.DEAD_LETTER, State.CANCELLED)
 # The pending breakdown: each pending status, then late (a part of ready).
 PENDING_COUNTS = (*PENDING_STATUSES, LATE)
 FAILURE_EVENTS = (EventType.FAILED, EventType.DEAD_LETTERED, EventType.RECOVERED)
@@ -195,8 +195,8 @@ def pauses():
 
 
 def queues(now=None):
-    """Per queue and kind: live jobs by status (ready, later: scheduled or retrying,
-    paused, leased, dead letter), the oldest ready job's run_at (a paused queue's jobs are
+    """Per queue and kind: live jobs by status (waiting on dependencies, ready, later:
+    scheduled or retrying, paused, leased, dead letter), the oldest ready job's run_at (a paused queue's jobs are
     held, not waiting, so never counted there), whether its queue or kind is paused, and
     the last hour's completed and failed attempts with the completed ones' mean run time."""
     now = now or timezone.now()
@@ -208,7 +208,7 @@ def queues(now=None):
             {
                 "queue": queue,
                 "kind": kind,
-                **dict.fromkeys(("ready", "later", "paused", "leased", "deadletter"), 0),
+                **dict.fromkeys(("waiting", "ready", "later", "paused", "leased", "deadletter"), 0),
                 **dict.fromkeys(("completed_hour", "failed_hour"), 0),
                 "oldest": None,
                 "mean_run": None,
@@ -216,10 +216,11 @@ def queues(now=None):
         )
 
     live = (
-        Job.objects.filter(state__in=[State.PENDING, State.LEASED, State.DEAD_LETTER])
+        Job.objects.filter(state__in=[State.WAITING, State.PENDING, State.LEASED, State.DEAD_LETTER])
         .order_by()
         .values("queue_name", "kind")
         .annotate(
+            waiting=Count("id", filter=Q(state=State.WAITING)),
             ready=Count("id", filter=status_q(READY, now)),
             later=Count("id", filter=status_q(SCHEDULED, now) | status_q(RETRYING, now)),
             paused=Count("id", filter=status_q(PAUSED, now)),
@@ -259,7 +260,7 @@ def filter_choices(sample=5000):
     and the filters take any value typed in the address anyway.
     """
     rows = list(
-        Job.objects.filter(state__in=[State.PENDING, State.LEASED, State.DEAD_LETTER])
+        Job.objects.filter(state__in=[State.WAITING, State.PENDING, State.LEASED, State.DEAD_LETTER])
         .order_by("-id")
         .values_list("kind", "queue_name")[:sample]
     )

@@ -389,8 +389,8 @@ class DatabaseBackend(BaseTaskBackend):
             **{name: getattr(task, name, None) for name in validation.ADMISSION_FIELDS},
         }
 
-    def enqueue(self, task, args, kwargs):
-        """Queue up a task to be executed."""
+    def request(self, task, args, kwargs):
+        """The validated EnqueueRequest of a call of ``task`` (InvalidTask if refused)."""
         key = (self.alias, task) if task.run_after is None else None
         try:
             template = _REQUESTS.get(key)
@@ -402,7 +402,6 @@ class DatabaseBackend(BaseTaskBackend):
             payload = {"args": normalize_json(list(args)), "kwargs": normalize_json(dict(kwargs))}
         except (TypeError, ValueError) as exc:
             raise TypeError(f"{task.module_path}: task arguments must be JSON-serializable ({exc})") from None
-        database = self.database
         try:
             if template is None:
                 req = validation.enqueue_request(task.module_path, payload, **self._job_options(task))
@@ -410,8 +409,18 @@ class DatabaseBackend(BaseTaskBackend):
                     if len(_REQUESTS) >= _REQUESTS_MAX:
                         _REQUESTS.clear()
                     _REQUESTS[key] = req
-            else:
-                req = validation.request_as(template, payload)
+                return req
+            return validation.request_as(template, payload)
+        except InvalidJob as exc:
+            if exc.field == "payload":
+                raise
+            raise _invalid(exc) from None
+
+    def enqueue(self, task, args, kwargs):
+        """Queue up a task to be executed."""
+        req = self.request(task, args, kwargs)
+        database = self.database
+        try:
             job, created = transitions.enqueue(req, using=database)
         except InvalidJob as exc:
             if exc.field == "payload":
@@ -425,6 +434,13 @@ class DatabaseBackend(BaseTaskBackend):
         # Workers see the job only when the caller's transaction commits, so receivers
         # hear about it then (at once outside a transaction; never after a rollback).
         transaction.on_commit(lambda: task_enqueued.send(type(self), task_result=result), using=database)
+        return result
+
+    def enqueued(self, task, job):
+        """A job of ``task`` enqueued by a workflow (canvas.py): its TaskResult, and
+        task_enqueued sent on commit, as enqueue() does."""
+        result = task_results.pending(job, task, self.alias)
+        transaction.on_commit(lambda: task_enqueued.send(type(self), task_result=result), using=self.database)
         return result
 
     async def aenqueue(self, task, args, kwargs):

@@ -24,6 +24,7 @@ from queue_app.models import Event, EventType, Job, State
 log = logging.getLogger("queue_app")
 
 STATUS = {
+    State.WAITING: TaskResultStatus.READY,
     State.PENDING: TaskResultStatus.READY,
     State.LEASED: TaskResultStatus.RUNNING,
     State.COMPLETED: TaskResultStatus.SUCCESSFUL,

@@ -7,6 +7,7 @@ writes need a permission (a read-write key, or queue_app.add_job / change_job fo
 users); reads are open without credentials only when API_READS_OPEN is True.
 """
 
+from contextlib import suppress
 from datetime import datetime
 from functools import wraps
 from typing import Annotated, Any, Literal
@@ -19,8 +20,8 @@ from ninja.security import APIKeyHeader, SessionAuthIsStaff
 from pydantic import ConfigDict, StrictBool
 
 from queue_app.conf import settings
-from queue_app.core import aborting, enqueueing, flow, transitions, validation
-from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound, UnknownKind
+from queue_app.core import aborting, canvas, durations, enqueueing, flow, transitions, validation
+from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound, UnknownKind, WaitTimeout
 from queue_app.handlers import registry
 from queue_app.models import (
     CONCURRENCY_KEY_MAX_LENGTH,
@@ -38,7 +39,9 @@ from queue_app.models import (
     attach_statuses,
 )
 from queue_app.ops import metrics, reads, redaction
+from queue_app.ops import workflows as workflow_reads
 from queue_app.web.auth import SHELL_PERMISSION, Principal, authenticate
+from queue_app.worker import wakeup
 
 MAX_ID = 2**63 - 1
 JobId = Path(..., ge=1, le=MAX_ID, description="The job's id.")
@@ -315,6 +318,13 @@ class JobIn(Schema):
         default=None,
         description='"active" (default: pending or leased), "pending" (one follow-up while one runs) '
         "or a list of states.",
+    )
+    depends_on: list[int] | None = Field(
+        default=None, description="Job ids it waits for: it stays waiting until they have all ended."
+    )
+    on_dependency_failure: Literal["cancel", "run", "hold"] | None = Field(
+        default=None,
+        description="When one of depends_on fails: cancel it (default), run it anyway, or hold it.",
     )
 
 
@@ -612,9 +622,25 @@ def list_jobs(
 
 
 @api.get("/jobs/{job_id}", response={200: JobDetail, **REFUSALS, 404: Refused}, tags=["jobs"])
-def get_job(request: HttpRequest, job_id: int = JobId):
+def get_job(
+    request: HttpRequest,
+    job_id: int = JobId,
+    wait: str | None = Query(
+        None,
+        max_length=20,
+        description="Wait up to this long (10s, 500ms; at most API_MAX_WAIT_SECONDS) for the job "
+        "to end before answering: a long poll. The answer is the job as it stands then.",
+    ),
+):
     """One job with its whole event timeline."""
     _need_view(request, "queue_app.view_job")
+    if wait is not None:
+        try:
+            seconds = durations.parse(wait)
+        except ValueError as exc:
+            raise InvalidJob(str(exc), "wait") from None
+        with suppress(WaitTimeout):
+            wakeup.until_ended(job_id, min(seconds, float(settings.API_MAX_WAIT_SECONDS)))
     found = reads.job_detail(job_id, unredacted=request.auth.unredacted)
     if found is None:
         raise JobNotFound(job_id)
@@ -767,3 +793,71 @@ def delete_pause(
             404, {"error": f"{'queue' if queue else 'kind'} {queue or kind!r} is not paused", "field": None}
         )
     return {"resumed": queue or kind}
+
+
+# --- workflows: groups (canvas.py, ops/workflows.py) -------------------------------------------
+
+
+class GroupIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+    jobs: list[JobIn] = Field(..., description="The members, in member order.")
+    callback: dict | None = Field(
+        default=None,
+        description="Job template (kind, payload, options) enqueued once; its payload gets 'group'.",
+    )
+    policy: Literal["success", "always", "first_failure"] = "success"
+    name: str = ""
+
+
+class GroupMember(Schema):
+    id: int
+    kind: str
+    state: str
+    status: str
+
+
+class GroupOut(Schema):
+    id: int
+    name: str
+    policy: str
+    status: str = Field(..., description="open while members are left, else succeeded or failed.")
+    total: int
+    ended: int
+    completed: int
+    dead_letter: int
+    cancelled: int
+    callback: dict | None
+    callback_job: int | None
+    callback_error: str
+    created_at: datetime
+    fired_at: datetime | None
+    closed_at: datetime | None
+    members: list[GroupMember]
+
+
+@api.post("/groups", response={201: GroupOut, **WRITE_REFUSALS}, tags=["workflows"])
+def create_group(request: HttpRequest, body: GroupIn):
+    """Enqueue jobs as one group with an optional callback, all or none."""
+    _need(request, "queue_app.add_job")
+    if not 1 <= len(body.jobs) <= settings.MAX_BATCH:
+        raise InvalidJob(f"jobs must hold 1..{settings.MAX_BATCH} entries, got {len(body.jobs)}", "jobs")
+    specs = []
+    for job in body.jobs:
+        kind, payload, options = _options(job)
+        _need_shell(request, kind, options)
+        specs.append({"kind": kind, "payload": payload, **options})
+    if body.callback is not None:
+        _need_shell(request, body.callback.get("kind"), body.callback)
+    g = canvas.group(specs, callback=body.callback, policy=body.policy, name=body.name)
+    return Status(201, workflow_reads.group(g.id))
+
+
+@api.get("/groups/{group_id}", response={200: GroupOut, **REFUSALS, 404: Refused}, tags=["workflows"])
+def get_group(request: HttpRequest, group_id: int = Path(..., ge=1, le=MAX_ID)):
+    """A group's progress: n of m ended, completed, dead, cancelled, its callback and members."""
+    _need_view(request, "queue_app.view_job")
+    found = workflow_reads.group(group_id)
+    if found is None:
+        return Status(404, {"error": f"group {group_id} does not exist", "field": None})
+    return found

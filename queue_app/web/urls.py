@@ -8,6 +8,7 @@ urlpatterns = [
     path("", views.overview, name="overview"),
     path("jobs/", views.jobs, name="jobs"),
     path("jobs/<int:job_id>/", views.job, name="job"),
+    path("jobs/<int:job_id>/workflow/", views.workflow, name="workflow"),
     path("jobs/<int:job_id>/<slug:action>/", views.job_action, name="job_action"),
     path("dead-letters/", views.dead_letters, name="dead_letters"),
     path("workers/", views.workers, name="workers"),

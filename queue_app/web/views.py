@@ -22,7 +22,7 @@ from queue_app.core import flow
 from queue_app.core.validation import SHELL_PERMISSION
 from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound
 from queue_app.ops import actions as operations
-from queue_app.ops import dashboard, reads, redaction
+from queue_app.ops import dashboard, reads, redaction, workflows
 
 
 def _perm(codename):
@@ -250,3 +250,18 @@ def schedule_run_now(request, name):
         return redirect("queue_app_dashboard:schedules")
     messages.success(request, f"Schedule {name}: job {job.id} enqueued to run now.")
     return redirect("queue_app_dashboard:job", job_id=job.id)
+
+
+@_perm("queue_app.view_job")
+def workflow(request, job_id):
+    """A job's workflow: its dependency graph drawn, and its group's progress."""
+    found = workflows.dependencies(job_id)
+    if found is None:
+        raise Http404(f"job {job_id} does not exist")
+    context = {
+        "nav": "jobs",
+        "job": found,
+        "graph": workflows.graph(job_id),
+        "group": workflows.group(found["group"]) if found["group"] is not None else None,
+    }
+    return _page(request, "workflow.html", context, live=False)

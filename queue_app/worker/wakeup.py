@@ -23,9 +23,14 @@ import logging
 import threading
 import time
 
-from django.db import connection, connections
+from asgiref.sync import sync_to_async
+from django.db import connection, connections, router
 
 from queue_app import engines
+from queue_app.conf import settings
+from queue_app.engines.base import ENDED_MANY, ended_channel
+from queue_app.exceptions import JobNotFound, WaitTimeout
+from queue_app.models import Job
 
 log = logging.getLogger("queue_app")
 
@@ -246,3 +251,79 @@ class VersionWatcher(Watcher):
         if self.commits is not None:
             self.commits.close()
         self.version = self.last_event = self.commits = None
+
+
+# --- waiting for a job to end (queue_app.wait) ------------------------------------------------
+
+ENDED = ("completed", "dead_letter", "cancelled")
+
+
+def until_ended(job_id, timeout, *, using=None):
+    """Block until job ``job_id`` has ended (completed, dead letter, cancelled) and return
+    it; raise WaitTimeout after ``timeout`` seconds, JobNotFound if there is no such job.
+
+    Woken, not polling the job: on PostgreSQL by the NOTIFY each terminal transition
+    sends on commit (engines notify_ended), on SQLite and MariaDB by the engine's
+    wake_version moving (another connection committed), looked at every wake interval;
+    the job's row is read only then. Call it outside a transaction: inside one, a
+    snapshot (MariaDB) or the held lock (SQLite) would hide the end."""
+    db = using or router.db_for_read(Job)
+    deadline = time.monotonic() + timeout
+    jobs = Job.objects.using(db)
+
+    def ended():
+        job = jobs.filter(id=job_id).first()
+        if job is None:
+            raise JobNotFound(job_id)
+        return job if job.state in ENDED else None
+
+    engine = engines.of(connections[db])
+    how = engine.wake_up()
+    channel = ended_channel() if how is not None and how.channel else None
+    if channel is None:
+        interval = how.interval if how is not None else settings.POLL_INTERVAL
+        version = None
+        while True:
+            now_version = engine.wake_version() if how is not None else None
+            if (version is None or now_version != version) and (job := ended()) is not None:
+                return job
+            version = now_version if how is not None else None
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise WaitTimeout(
+                    job_id, timeout, jobs.filter(id=job_id).values_list("state", flat=True).first()
+                )
+            time.sleep(min(interval, left))
+    listening = engine.listen(channel)
+    try:
+        wanted = str(job_id)
+        while True:
+            # Read after LISTEN: an end that committed before it is in the row.
+            if (job := ended()) is not None:
+                return job
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise WaitTimeout(
+                        job_id, timeout, jobs.filter(id=job_id).values_list("state", flat=True).first()
+                    )
+                heard = [n.payload for n in listening.notifies(timeout=min(left, 1.0), stop_after=1)]
+                if any(p == ENDED_MANY or wanted in p.split(",") for p in heard):
+                    break
+    finally:
+        listening.close()
+
+
+def wait(target, timeout=30.0, *, using=None):
+    """Block until ``target`` (a Job, a django.tasks TaskResult or a job id) has ended;
+    return it brought up to date (a job id gives the Job). WaitTimeout after ``timeout``."""
+    job = until_ended(int(getattr(target, "id", target)), float(timeout), using=using)
+    if hasattr(target, "refresh") and not isinstance(target, Job):
+        target.refresh()  # a TaskResult: its status, return value and errors
+        return target
+    return job
+
+
+async def await_job(target, timeout=30.0, *, using=None):
+    """wait() for async code: the wait runs on a thread of its own, the loop goes on."""
+    return await sync_to_async(wait, thread_sensitive=False)(target, timeout, using=using)

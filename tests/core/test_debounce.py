@@ -239,3 +239,13 @@ def test_eight_processes_debouncing_one_key_at_once_make_one_job_with_the_last_p
     # (or, for a debounce that came after the cap, its own time: due now, never earlier).
     assert job.run_at == max(job.created_at + timedelta(seconds=3), debounced[-1].at)
     assert debounced[-1].metadata["capped"] is True
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("key", [{"debounce_key": "k", "debounce_for": 5}, {"unique_key": "k"}])
+def test_a_key_does_not_go_with_depends_on_and_nothing_is_written(key):
+    upstream = enqueue("echo", {})
+    before = Job.objects.count()
+    with pytest.raises(InvalidJob, match="does not go with depends_on"):
+        enqueue("echo", {}, depends_on=[upstream.id], **key)
+    assert Job.objects.count() == before

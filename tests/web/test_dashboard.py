@@ -369,7 +369,7 @@ def _row(rows, queue, kind):
     return found
 
 
-COUNTS = ("ready", "later", "paused", "leased", "deadletter", "completed_hour", "failed_hour")
+COUNTS = ("waiting", "ready", "later", "paused", "leased", "deadletter", "completed_hour", "failed_hour")
 
 
 def test_queues_page_counts_live_jobs_per_queue_and_kind_by_status(viewer):
@@ -381,6 +381,7 @@ def test_queues_page_counts_live_jobs_per_queue_and_kind_by_status(viewer):
     assert [(r["queue"], r["kind"]) for r in rows] == [("mail", "email")]
     row = rows[0]
     assert {k: row[k] for k in COUNTS} == {
+        "waiting": 0,
         "ready": 2,
         "later": 1,
         "paused": 0,

@@ -15,6 +15,7 @@ from django.contrib.auth import get_user_model
 from django.urls import reverse
 from django.utils import timezone
 
+from queue_app.core import canvas
 from queue_app.models import ApiKey, Event, Job, Pause, PauseScope, Schedule, Worker
 from queue_app.web import api as api_module
 from queue_app.web import auth
@@ -87,6 +88,8 @@ API = [
     ("replay", "operate", "post", "/api/dead-letters/{letter}/replay", None, 200),
     ("pause", "operate", "post", "/api/pauses", {"queue": "other"}, 201),
     ("resume", "operate", "delete", "/api/pauses?queue=mail", None, 200),
+    ("create group", "enqueue", "post", "/api/groups", {"jobs": [{"kind": "echo"}]}, 201),
+    ("get group", "read", "get", "/api/groups/{group}", None, 200),
 ]
 
 # The dashboard: "login" is a redirect to the admin's login page, "done" a redirect back
@@ -122,6 +125,7 @@ DASHBOARD = [
     ("stop worker", "act", "post", "worker_stop", ("worker",), {}),
     ("stop worker: confirm", "confirm", "get", "worker_stop", ("worker",), None),
     ("schedules", "page", "get", "schedules", (), None),
+    ("workflow", "page", "get", "workflow", ("pending",), None),
     ("run schedule now", "act", "post", "schedule_run_now", ("nightly",), {}),
     ("pause queue", "act", "post", "pause", (), {"queue": "other"}),
     ("resume queue", "act", "post", "resume", (), {"queue": "mail"}),
@@ -136,7 +140,14 @@ def world():
     worker = WorkerFactory()
     Pause.objects.create(scope=PauseScope.QUEUE, name="mail")
     Schedule.objects.create(name="nightly", cron="0 3 * * *", kind="echo")
-    return {"pending": pending.id, "dead": letter.job_id, "letter": letter.id, "worker": worker.id}
+    group = canvas.group([{"kind": "echo", "payload": {}}])
+    return {
+        "pending": pending.id,
+        "dead": letter.job_id,
+        "letter": letter.id,
+        "worker": worker.id,
+        "group": group.id,
+    }
 
 
 def fingerprint():
@@ -200,7 +211,7 @@ def test_dashboard(client, world, principal, endpoint):
 
 
 def test_the_matrix_covers_every_api_operation_and_dashboard_view():
-    ids = {"{pending}": "{job_id}", "{dead}": "{job_id}", "{letter}": "{letter_id}"}
+    ids = {"{pending}": "{job_id}", "{dead}": "{job_id}", "{letter}": "{letter_id}", "{group}": "{group_id}"}
 
     def template(path):
         path = path.removeprefix("/api").split("?")[0]

@@ -29,6 +29,8 @@ DOCUMENT_KEYS = {
     "backoff_max",
     "backoff_jitter",
     *validation.ADMISSION_FIELDS,
+    "depends_on",
+    "on_dependency_failure",
 }
 # Flags whose value is JSON: a follow-up job template.
 TEMPLATE_FLAGS = ("on_success", "on_failure")
@@ -42,6 +44,11 @@ def number(text):
         return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
+
+
+def job_ids(text):
+    """``41,42``: the ids of --depends-on."""
+    return [cli.job_id(part.strip()) for part in text.split(",") if part.strip()]
 
 
 class Command(cli.QueueCommand):
@@ -65,6 +72,7 @@ class Command(cli.QueueCommand):
   manage.py enqueue '{"kind": "email", "payload": {"to": "user@example.com"}, "priority": 20}'
   manage.py enqueue --command "echo hi"        # shell job; needs JOBQUEUE["SHELL_JOBS"] = True
   manage.py enqueue --kind email --payload '{"to": "x@example.com"}' --json
+  manage.py enqueue --kind report --depends-on 41,42 --on-dependency-failure hold   # waits for 41 and 42
 
 durations: 500ms, 30s, 5m, 1h, 7d or plain seconds (inside --on-success/--on-failure,
 seconds only). The job document takes the same options under their Python names
@@ -188,6 +196,17 @@ Exit status 2 on bad input (nothing is written)."""
             help="active (default: pending or leased), pending (one follow-up while one runs), "
             "or states separated by commas.",
         )
+        parser.add_argument(
+            "--depends-on",
+            type=job_ids,
+            metavar="ID,ID",
+            help="Job ids this one waits for: it stays waiting until they have all ended.",
+        )
+        parser.add_argument(
+            "--on-dependency-failure",
+            choices=["cancel", "run", "hold"],
+            help="When one of --depends-on fails: cancel this job (default), run it anyway, or hold it.",
+        )
         parser.add_argument("--json", action="store_true", help="Print {created, job} as JSON (shape below).")
 
     def handle(self, *args, **o):
@@ -233,6 +252,8 @@ Exit status 2 on bad input (nothing is written)."""
                 "webhook_url",
                 *BACKOFF_FLAGS,
                 *ADMISSION_FLAGS,
+                "depends_on",
+                "on_dependency_failure",
             )
             if o[k] is not None
         }
@@ -280,6 +301,8 @@ Exit status 2 on bad input (nothing is written)."""
             "webhook_url": o["webhook_url"],
             **{k: o[k] for k in BACKOFF_FLAGS},
             **{k: o[k] for k in ADMISSION_FLAGS},
+            "depends_on": o["depends_on"],
+            "on_dependency_failure": o["on_dependency_failure"],
         }
         if o["unique_while"] is not None and "," in o["unique_while"]:
             options["unique_while"] = [s.strip() for s in o["unique_while"].split(",")]
