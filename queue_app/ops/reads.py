@@ -45,6 +45,7 @@ from queue_app.models import (
     status_q,
 )
 from queue_app.ops import redaction
+from queue_app.ops import why as explain
 
 # Stored states, in the order every surface shows them.
 STATES = (State.WAITING, State.PENDING, State.LEASED, State.COMPLETED, State.DEAD_LETTER, State.CANCELLED)
@@ -640,6 +641,7 @@ def history(job_id, *, unredacted=False):
             current = None
     out = {
         "job": job_dict(job),
+        "why": explain.why(job).as_dict() if job.state in (State.PENDING, State.WAITING) else None,
         "events": [event_dict(e) for e in events],
         "attempts": attempts,
         "dead_letters": [

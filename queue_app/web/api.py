@@ -39,6 +39,7 @@ from queue_app.models import (
     attach_statuses,
 )
 from queue_app.ops import metrics, reads, redaction
+from queue_app.ops import why as explain
 from queue_app.ops import workflows as workflow_reads
 from queue_app.web.auth import SHELL_PERMISSION, Principal, authenticate
 from queue_app.worker import wakeup
@@ -412,8 +413,18 @@ class EventOut(Schema):
     metadata: Any
 
 
+class WhyOut(Schema):
+    code: str = Field(
+        description="running, waiting, held, ended, scheduled, retrying, queue_paused, "
+        "kind_paused, concurrency_limit, rate_limit, per_key_limit, no_worker, no_worker_serves, busy, eligible"
+    )
+    text: str
+    link: str
+
+
 class JobDetail(JobOut):
     events: list[EventOut]
+    why: WhyOut | None = Field(None, description="Why a pending or waiting job is not running now.")
 
 
 class JobPage(Schema):
@@ -535,7 +546,7 @@ class _WithEvents:
     """A job read with the timeline given (the shown rows), not its own related manager's."""
 
     def __init__(self, job, events):
-        self._job, self.events = job, events
+        self._job, self.events, self.why = job, events, None
 
     def __getattr__(self, name):
         return getattr(self._job, name)
@@ -644,7 +655,10 @@ def get_job(
     found = reads.job_detail(job_id, unredacted=request.auth.unredacted)
     if found is None:
         raise JobNotFound(job_id)
-    return _WithEvents(found["job"], found["events"])
+    shown = _WithEvents(found["job"], found["events"])
+    if found["job"].state in (State.PENDING, State.WAITING):
+        shown.why = explain.why(found["job"]).as_dict()
+    return shown
 
 
 @api.delete(

@@ -21,8 +21,10 @@ from queue_app.conf import settings
 from queue_app.core import flow
 from queue_app.core.validation import SHELL_PERMISSION
 from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound
+from queue_app.models import State
 from queue_app.ops import actions as operations
 from queue_app.ops import dashboard, reads, redaction, workflows
+from queue_app.ops import why as explain
 
 
 def _perm(codename):
@@ -106,6 +108,7 @@ def _job_page(request, job_id, *, payload_draft=None, status=200):
         "timing": dashboard.job_timing(found["job"], entries),
         "effective_priority": dashboard.effective_priority(found["job"]),
         "payload_draft": payload_draft,
+        "why": explain.why(found["job"]) if found["job"].state in (State.PENDING, State.WAITING) else None,
     }
     response = _page(request, "job.html", context)
     response.status_code = status

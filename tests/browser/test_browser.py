@@ -6,11 +6,14 @@ person can look at what the operator sees.
 
 import os
 import re
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from django.db import connection
+from django.utils import timezone
 
+from queue_app.core import flow
 from queue_app.core.enqueueing import enqueue
 from queue_app.models import Job, State
 from queue_app.worker.execution import run_one
@@ -259,3 +262,15 @@ def test_the_job_page_updates_itself_when_the_job_runs(page):
     page.wait_for_selector('#live [data-status="completed"]')
     assert page.evaluate("window.__sameDocument") is True
     assert "Attempt 1" in page.inner_text(".timeline")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_paused_queues_job_is_not_late_and_its_page_says_why(page):
+    job = enqueue("echo", {}, queue_name="mail", run_at=timezone.now() - timedelta(hours=1))
+    flow.pause(queue="mail", actor="ops", reason="maintenance")
+    page.goto(f"/dashboard/jobs/{job.id}/")
+    why = page.inner_text('[data-why="queue_paused"]')
+    assert "queue 'mail' is paused by ops" in why and "(maintenance)" in why
+    assert page.locator("[data-late]").count() == 0
+    page.goto("/dashboard/")
+    assert count(page, "late") == "0" and count(page, "paused") == "1"

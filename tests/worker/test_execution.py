@@ -56,7 +56,7 @@ def test_a_result_json_cannot_hold_dead_letters_the_job():
 def test_handlers_from_settings_are_loaded(settings):
     settings.JOBQUEUE = {
         **settings.JOBQUEUE,
-        "HANDLERS": {**settings.JOBQUEUE["HANDLERS"], "twice": "tests.worker.test_execution.twice"},
+        "HANDLERS": {**settings.JOBQUEUE.get("HANDLERS", {}), "twice": "tests.worker.test_execution.twice"},
     }
     registry.load_configured_handlers()
     enqueue("twice", {"n": 4})

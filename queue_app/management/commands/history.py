@@ -38,6 +38,8 @@ last OUTPUT_MAX_BYTES of each stream). Exit status 2 if the job does not exist."
             f"priority {j['priority']}, attempts {j['attempts']}/{j['max_attempts']}"
         )
         console.print(f"payload: {cli.compact(j['payload'])}", markup=False)
+        if data.get("why"):
+            console.print(f"why not running: {data['why']['text']}", markup=False)
         if j["idempotency_key"]:
             console.print(f"idempotency key: {j['idempotency_key']}", markup=False)
         if j["concurrency_key"]:
