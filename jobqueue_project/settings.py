@@ -80,6 +80,10 @@ AXES_FAILURE_LIMIT = env.int("AXES_FAILURE_LIMIT", default=5)
 AXES_COOLOFF_TIME = env.float("AXES_COOLOFF_HOURS", default=1.0)
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
+# How many reverse proxies in front append to X-Forwarded-For: the lockout then counts the
+# client's address, not the proxy's (queue_app.web.clients). 0: the header is ignored.
+TRUSTED_PROXIES = env.int("TRUSTED_PROXIES", default=0)
+AXES_CLIENT_IP_CALLABLE = "queue_app.web.clients.client_ip"
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
