@@ -282,6 +282,30 @@ def schedules(now=None):
     return rows
 
 
+def running(now=None):
+    """The running-now page's rows: each leased job with its worker (the registered row
+    whose name starts its lease owner), child, runtime and time left on its lease."""
+    now = now or timezone.now()
+    jobs = reads.running_now()
+    names = sorted({w.name for w in reads.worker_rows(include_stopped=False)}, key=len, reverse=True)
+    rows = []
+    for job in jobs:
+        worker = next((n for n in names if job.lease_owner.startswith(f"{n}/")), "")
+        rows.append(
+            {
+                "job": job,
+                "worker": worker or job.lease_owner.split("/")[0],
+                "child": job.lease_owner.rpartition("/")[2],
+                "running_for": age(job.started_at, now) if job.started_at else "",
+                "lease_left": durations.format(max(0.0, (job.lease_expires_at - now).total_seconds()))
+                if job.lease_expires_at
+                else "",
+                "lease_lapsed": bool(job.lease_expires_at and job.lease_expires_at < now),
+            }
+        )
+    return rows
+
+
 def workers(now=None):
     """The workers page's rows: each worker, its status, its heartbeat's age and the jobs
     it holds now (each with its child process and how long it has run)."""

@@ -457,6 +457,13 @@ def latest_job_with_key_prefix(prefix):
     return qs.defer("payload", "result").order_by("-id").first()
 
 
+def running_now(*, limit=200):
+    """Leased jobs, longest running first (claimed but not started last), with their lease
+    owner's worker and child: the "running now" view. Payloads are left in the table."""
+    qs = Job.objects.filter(state=State.LEASED).defer("payload", "result", "last_error")
+    return list(qs.order_by(F("started_at").asc(nulls_last=True), "id")[:limit])
+
+
 def jobs_held_by(names, *, limit=500):
     """{worker name: [(job, child)]}: the leased jobs of the workers named, longest
     running first and the not yet started last, at most ``limit`` in all. A lease owner is ``<name>/<run>/<child>``."""

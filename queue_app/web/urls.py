@@ -11,6 +11,7 @@ urlpatterns = [
     path("jobs/<int:job_id>/workflow/", views.workflow, name="workflow"),
     path("jobs/<int:job_id>/<slug:action>/", views.job_action, name="job_action"),
     path("dead-letters/", views.dead_letters, name="dead_letters"),
+    path("running/", views.running, name="running"),
     path("workers/", views.workers, name="workers"),
     path("workers/<int:worker_id>/stop/", views.worker_stop, name="worker_stop"),
     path("queues/", views.queues, name="queues"),

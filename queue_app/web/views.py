@@ -177,6 +177,11 @@ def dead_letters(request):
     return _page(request, "dead_letters.html", context)
 
 
+@_perm("queue_app.view_job")
+def running(request):
+    return _page(request, "running.html", {"nav": "running", "rows": dashboard.running()})
+
+
 @_perm("queue_app.view_worker")
 def workers(request):
     return _page(request, "workers.html", {"nav": "workers", "workers": dashboard.workers()})

@@ -30,7 +30,7 @@ from tests.factories import DeadLetterFactory, JobFactory, make_staff
 
 pytestmark = pytest.mark.django_db
 
-PAGES = ["overview", "jobs", "dead_letters", "workers", "queues", "schedules"]
+PAGES = ["overview", "jobs", "running", "dead_letters", "workers", "queues", "schedules"]
 READ = ["queue_app.view_job", "queue_app.view_deadletter", "queue_app.view_worker"]
 
 
@@ -749,3 +749,25 @@ def test_badges_say_states_in_words(viewer):
     listing = viewer.get(url("jobs")).content.decode()
     assert 'data-status="dead_letter">dead letter</span>' in listing
     assert 'data-status="dead_letter">dead letter</span>' in viewer.get(url("job", job.id)).content.decode()
+
+
+def test_the_running_now_page_lists_leased_jobs_with_worker_child_runtime_progress_and_lease(viewer):
+    now = timezone.now()
+    Worker.objects.create(name="w1", host="h", pid=1)
+    long = JobFactory(
+        leased=True, kind="export", lease_owner="w1/tok/c0", started_at=now - timedelta(minutes=3)
+    )
+    Job.objects.filter(id=long.id).update(progress=40, progress_message="rows 4,000 of 10,000")
+    fresh = JobFactory(leased=True, kind="email", lease_owner="w1/tok/c1", started_at=None)
+    lapsed = JobFactory(
+        expired=True, kind="sync", lease_owner="gone/tok/c0", started_at=now - timedelta(hours=1)
+    )
+    JobFactory(kind="echo")  # pending: not running
+    response = viewer.get(url("running"))
+    rows = response.context["rows"]
+    assert [r["job"].id for r in rows] == [lapsed.id, long.id, fresh.id]
+    assert (rows[1]["worker"], rows[1]["child"], rows[1]["running_for"]) == ("w1", "c0", "3m")
+    page = response.content.decode()
+    assert (
+        "rows 4,000 of 10,000" in page and "not started" in page and "lapsed: recovery takes it back" in page
+    )

@@ -114,6 +114,7 @@ DASHBOARD = [
     ("jobs", "page", "get", "jobs", (), None),
     ("job", "page", "get", "job", ("pending",), None),
     ("dead letters page", "page", "get", "dead_letters", (), None),
+    ("running now", "page", "get", "running", (), None),
     ("workers page", "page", "get", "workers", (), None),
     ("queues", "page", "get", "queues", (), None),
     ("requeue", "act", "post", "job_action", ("dead", "requeue"), {}),
