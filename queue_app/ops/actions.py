@@ -209,6 +209,11 @@ def apply_many(
             return out
 
 
+def set_schedule_enabled(name, enabled, *, using=None):
+    """Turn cron schedule ``name`` on or off (schedules.set_enabled)."""
+    return scheduling.set_enabled(name, enabled, using=using or router.db_for_write(Schedule))
+
+
 def run_schedule_now(name, *, may_run_shell=True, using=None):
     """Enqueue one job of cron schedule ``name`` now (schedules.run_now); a shell
     schedule needs ``may_run_shell`` as requeuing a shell job does."""

@@ -17,6 +17,7 @@ urlpatterns = [
     path("queues/", views.queues, name="queues"),
     path("schedules/", views.schedules, name="schedules"),
     path("schedules/<str:name>/run/", views.schedule_run_now, name="schedule_run_now"),
+    path("schedules/<str:name>/enabled/", views.schedule_enable, name="schedule_enable"),
     path("queues/pause/", views.pause, name="pause"),
     path("queues/resume/", views.resume, name="resume"),
 ]

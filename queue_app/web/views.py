@@ -273,3 +273,16 @@ def workflow(request, job_id):
         "group": workflows.group(found["group"]) if found["group"] is not None else None,
     }
     return _page(request, "workflow.html", context, live=False)
+
+
+@require_POST
+@_perm("queue_app.change_schedule")
+def schedule_enable(request, name):
+    enabled = request.POST.get("enabled") == "1"
+    try:
+        operations.set_schedule_enabled(name, enabled)
+    except InvalidJob as exc:
+        messages.error(request, f"Refused: {exc}")
+    else:
+        messages.success(request, f"Schedule {name} {'enabled' if enabled else 'disabled'}.")
+    return redirect("queue_app_dashboard:schedules")

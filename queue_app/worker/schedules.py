@@ -142,6 +142,14 @@ def tick_key(schedule, t):
     return f"{key_prefix(schedule.name)}{t.astimezone(UTC).isoformat()}"
 
 
+def set_enabled(name, enabled, *, using="default"):
+    """Turn schedule ``name`` on or off; return the schedule. Turned back on, it resumes
+    at its next tick: the missed ones follow its missed-ticks policy."""
+    if Schedule.objects.using(using).filter(name=name).update(enabled=bool(enabled)) == 0:
+        raise InvalidJob(f"no schedule named {name!r}", "name")
+    return Schedule.objects.using(using).get(name=name)
+
+
 def run_now(name, *, now=None, using="default"):
     """Enqueue one job of schedule ``name`` now, outside its ticks (the dashboard's Run
     now). Its key, ``schedule:<name>:now:<time>``, lists it among the schedule's jobs and

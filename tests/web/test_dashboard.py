@@ -771,3 +771,24 @@ def test_the_running_now_page_lists_leased_jobs_with_worker_child_runtime_progre
     assert (
         "rows 4,000 of 10,000" in page and "not started" in page and "lapsed: recovery takes it back" in page
     )
+
+
+def test_a_schedule_is_disabled_and_enabled_from_its_page(client):
+    client.force_login(make_staff("sched", *READ, "queue_app.view_schedule", "queue_app.change_schedule"))
+    Schedule.objects.create(name="nightly", cron="0 3 * * *", kind="echo")
+    assert ">Disable</button>" in client.get(url("schedules")).content.decode()
+    response = client.post(url("schedule_enable", "nightly"), {"enabled": "0"}, follow=True)
+    assert "Schedule nightly disabled." in response.content.decode()
+    assert Schedule.objects.get(name="nightly").enabled is False
+    assert ">Enable</button>" in response.content.decode()
+    client.post(url("schedule_enable", "nightly"), {"enabled": "1"})
+    assert Schedule.objects.get(name="nightly").enabled is True
+    response = client.post(url("schedule_enable", "nope"), {"enabled": "1"}, follow=True)
+    assert "no schedule named" in response.content.decode()
+
+
+def test_toggling_a_schedule_needs_change_schedule(scheduler):
+    Schedule.objects.create(name="nightly", cron="0 3 * * *", kind="echo")
+    assert ">Disable</button>" not in scheduler.get(url("schedules")).content.decode()
+    assert scheduler.post(url("schedule_enable", "nightly"), {"enabled": "0"}).status_code == 403
+    assert Schedule.objects.get(name="nightly").enabled is True

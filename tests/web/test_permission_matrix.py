@@ -25,7 +25,16 @@ from tests.factories import DeadLetterFactory, JobFactory, WorkerFactory, make_s
 pytestmark = pytest.mark.django_db
 
 VIEW = ["view_job", "view_event", "view_deadletter", "view_worker", "view_pause", "view_schedule"]
-CHANGE = [*VIEW, "add_job", "change_job", "delete_job", "change_worker", "add_pause", "delete_pause"]
+CHANGE = [
+    *VIEW,
+    "add_job",
+    "change_job",
+    "delete_job",
+    "change_worker",
+    "add_pause",
+    "delete_pause",
+    "change_schedule",
+]
 
 
 def _staff(*perms):
@@ -128,6 +137,7 @@ DASHBOARD = [
     ("schedules", "page", "get", "schedules", (), None),
     ("workflow", "page", "get", "workflow", ("pending",), None),
     ("run schedule now", "act", "post", "schedule_run_now", ("nightly",), {}),
+    ("disable schedule", "act", "post", "schedule_enable", ("nightly",), {"enabled": "0"}),
     ("pause queue", "act", "post", "pause", (), {"queue": "other"}),
     ("resume queue", "act", "post", "resume", (), {"queue": "mail"}),
 ]
@@ -158,6 +168,7 @@ def fingerprint():
         Event.objects.count(),
         sorted(Pause.objects.values_list("scope", "name")),
         sorted(Worker.objects.values_list("id", "stop_requested_at")),
+        sorted(Schedule.objects.values_list("name", "enabled")),
     )
 
 
