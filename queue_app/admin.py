@@ -214,13 +214,8 @@ def _unfiltered(request):
 
 def report(request, action, outcome):
     """Tell the operator what a batched action did, and whether to run it again."""
-    text = f"{action.label}: {outcome.done} job{'s' if outcome.done != 1 else ''} done"
-    if outcome.skipped:
-        text += f", {outcome.skipped} skipped (their state no longer allows it: {'; '.join(outcome.errors)})"
-    if outcome.more:
-        text += ". Time budget reached: run the same action again to continue with the rest"
-    level = messages.WARNING if outcome.more or outcome.skipped else messages.SUCCESS
-    messages.add_message(request, level, text + ".")
+    text, clean = operations.summary(action, outcome)
+    messages.add_message(request, messages.SUCCESS if clean else messages.WARNING, text)
 
 
 def _make_action(action, matching):

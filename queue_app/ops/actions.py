@@ -148,6 +148,17 @@ def apply(name, job_id, value=None, *, actor="", may_run_shell=True, may_edit_pa
     _run(action, job_id, value, actor, db)
 
 
+def summary(action, outcome):
+    """(what a batched action did, in one sentence; whether it all went through), for the
+    admin's and the dashboard's message."""
+    text = f"{action.label}: {outcome.done} job{'s' if outcome.done != 1 else ''} done"
+    if outcome.skipped:
+        text += f", {outcome.skipped} skipped (their state no longer allows it: {'; '.join(outcome.errors)})"
+    if outcome.more:
+        text += ". Time budget reached: run the same action again to continue with the rest"
+    return text + ".", not (outcome.more or outcome.skipped)
+
+
 def _noop(n):
     pass
 

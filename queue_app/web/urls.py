@@ -7,6 +7,7 @@ app_name = "queue_app_dashboard"
 urlpatterns = [
     path("", views.overview, name="overview"),
     path("jobs/", views.jobs, name="jobs"),
+    path("jobs/bulk/", views.bulk, name="bulk"),
     path("jobs/<int:job_id>/", views.job, name="job"),
     path("jobs/<int:job_id>/workflow/", views.workflow, name="workflow"),
     path("jobs/<int:job_id>/<slug:action>/", views.job_action, name="job_action"),

@@ -21,7 +21,7 @@ from queue_app.conf import settings
 from queue_app.core import flow
 from queue_app.core.validation import SHELL_PERMISSION
 from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound
-from queue_app.models import State
+from queue_app.models import Job, State
 from queue_app.ops import actions as operations
 from queue_app.ops import dashboard, reads, redaction, workflows
 from queue_app.ops import why as explain
@@ -68,6 +68,76 @@ def overview(request):
     )
 
 
+# What the jobs list's bulk form offers, over a selection or the whole filter.
+BULK_ACTIONS = ("requeue", "retry_now", "cancel", "delete")
+FILTER_KEYS = ("status", "kind", "queue", "q", "text", "schedule")
+
+
+@require_POST
+@_perm("queue_app.view_job")
+def bulk(request):
+    """A bulk action from the jobs list: first a page restating the filter (or the
+    selection) and the count, then, confirmed, the action in batches (apply_many)."""
+    filters = {k: request.POST.get(f"f_{k}", "").strip() for k in FILTER_KEYS}
+    query = urlencode({k: v for k, v in filters.items() if v})
+    back = redirect(reverse("queue_app_dashboard:jobs") + (f"?{query}" if query else ""))
+    name, scope = request.POST.get("action", ""), request.POST.get("scope", "")
+    if name not in BULK_ACTIONS or scope not in ("selected", "matching"):
+        messages.error(
+            request, "Refused: choose a bulk action and whether it is for the selection or the filter."
+        )
+        return back
+    chosen = operations.get(name)
+    if not request.user.has_perm(f"queue_app.{chosen.permission}_job"):
+        raise PermissionDenied(f"needs queue_app.{chosen.permission}_job")
+    ids = []
+    if scope == "matching":
+        if not any(filters.values()):
+            messages.error(
+                request,
+                f"{chosen.label} refused: no filter is set, so it would be every job. "
+                "Filter the list first, or select the jobs. Nothing was changed.",
+            )
+            return back
+        narrow = {k: filters[k] for k in ("kind", "queue", "q", "text", "schedule")}
+        try:
+            wanted = reads.Filters(state=filters["status"] or None, unredacted=_unredacted(request), **narrow)
+        except InvalidJob as exc:
+            messages.error(request, f"{chosen.label} refused: {exc}. Nothing was changed.")
+            return back
+        qs = wanted.apply(Job.objects.all())
+    else:
+        ids = sorted({i for i in map(reads.as_id, request.POST.getlist("ids")) if i is not None})
+        if not ids:
+            messages.error(request, f"{chosen.label} refused: no job is selected. Nothing was changed.")
+            return back
+        qs = Job.objects.filter(id__in=ids)
+    if request.POST.get("confirm") != "yes":
+        cap = settings.OPS_COUNT_CAP
+        count = qs.filter(state__in=chosen.states).order_by()[: cap + 1].count()
+        context = {
+            "nav": "jobs",
+            "action": chosen,
+            "scope": scope,
+            "filters": filters,
+            "ids": ids,
+            "count": count,
+            "capped": count > cap,
+            "query": query,
+        }
+        return _page(request, "bulk_confirm.html", context, live=False)
+    outcome = operations.apply_many(
+        name,
+        qs,
+        actor=f"admin:{request.user.get_username()}",
+        may_run_shell=request.user.has_perm(SHELL_PERMISSION),
+        may_edit_payload=_unredacted(request),
+    )
+    text, clean = operations.summary(chosen, outcome)
+    (messages.success if clean else messages.warning)(request, text)
+    return back
+
+
 @_perm("queue_app.view_job")
 def jobs(request):
     filters = {
@@ -89,6 +159,11 @@ def jobs(request):
         "filters": filters,
         "query": query,
         "statuses": dashboard.status_choices(),
+        "bulk_actions": [
+            operations.get(n)
+            for n in BULK_ACTIONS
+            if request.user.has_perm(f"queue_app.{operations.get(n).permission}_job")
+        ],
         **reads.filter_choices(),
     }
     return _page(request, "jobs.html", context)

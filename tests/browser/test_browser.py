@@ -274,3 +274,36 @@ def test_a_paused_queues_job_is_not_late_and_its_page_says_why(page):
     assert page.locator("[data-late]").count() == 0
     page.goto("/dashboard/")
     assert count(page, "late") == "0" and count(page, "paused") == "1"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_bulk_cancel_by_filter_in_the_dashboard_restates_the_count_and_needs_confirming(page):
+    for n in range(4):
+        enqueue("bulk", {"n": n})
+    keep = enqueue("echo", {})
+    page.goto("/dashboard/jobs/?kind=bulk")
+    page.select_option('#bulk select[name="action"]', "cancel")
+    page.click('#bulk button[value="matching"]')
+    page.wait_for_selector('[data-count="bulk"]')
+    assert "4 jobs can take it now" in page.inner_text('[data-count="bulk"]')
+    assert Job.objects.filter(state=State.CANCELLED).count() == 0
+    page.click("button:has-text('Cancel 4 jobs')")
+    page.wait_for_selector(".messages li.success")
+    assert "Cancel: 4 jobs done." in page.inner_text(".messages")
+    assert Job.objects.filter(kind="bulk", state=State.CANCELLED).count() == 4
+    assert Job.objects.get(id=keep.id).state == State.PENDING
+
+
+@pytest.mark.django_db(transaction=True)
+def test_rows_picked_for_a_bulk_action_stay_picked_across_a_refresh(page):
+    a = enqueue("echo", {"n": 1})
+    page.goto("/dashboard/jobs/")
+    page.check(f'input[name="ids"][value="{a.id}"]')
+    page.focus("#live-toggle")  # focus out of the list: the refresh may swap it
+    swaps = int(page.evaluate("() => Number(document.getElementById('live').dataset.swaps || 0)"))
+    enqueue("echo", {"n": 2})
+    page.wait_for_function(
+        "(n) => Number(document.getElementById('live').dataset.swaps || 0) > n && document.querySelectorAll('#live tbody tr').length >= 2",
+        arg=swaps,
+    )
+    assert page.is_checked(f'input[name="ids"][value="{a.id}"]')

@@ -792,3 +792,61 @@ def test_toggling_a_schedule_needs_change_schedule(scheduler):
     assert ">Disable</button>" not in scheduler.get(url("schedules")).content.decode()
     assert scheduler.post(url("schedule_enable", "nightly"), {"enabled": "0"}).status_code == 403
     assert Schedule.objects.get(name="nightly").enabled is True
+
+
+# --- bulk actions from the jobs list ------------------------------------------------------
+
+
+def bulk(client, **data):
+    return client.post(url("bulk"), data, follow=True)
+
+
+def test_a_bulk_cancel_over_the_filter_restates_it_with_the_count_then_acts_once_confirmed(operator):
+    emails = JobFactory.create_batch(3, kind="email")
+    other = JobFactory(kind="report")
+    page = operator.get(url("jobs"), {"kind": "email"}).content.decode()
+    assert 'id="bulk"' in page and 'name="f_kind" value="email"' in page and 'form="bulk"' in page
+    confirm = bulk(operator, action="cancel", scope="matching", f_kind="email")
+    text = confirm.content.decode()
+    assert "<strong>kind</strong> = <code>email</code>" in text and "3 jobs can take it now" in text
+    assert not Event.objects.filter(type="cancelled").exists()  # nothing until confirmed
+    done = bulk(operator, action="cancel", scope="matching", f_kind="email", confirm="yes")
+    assert "Cancel: 3 jobs done." in done.content.decode()
+    assert all(Job.objects.get(id=j.id).state == State.CANCELLED for j in emails)
+    assert Job.objects.get(id=other.id).state == State.PENDING
+
+
+def test_a_bulk_action_over_an_empty_filter_is_refused_even_confirmed(operator):
+    JobFactory.create_batch(2)
+    before = Event.objects.count()
+    for confirm in ("", "yes"):
+        response = bulk(operator, action="cancel", scope="matching", confirm=confirm)
+        assert "no filter is set, so it would be every job" in response.content.decode()
+    assert Event.objects.count() == before
+
+
+def test_a_bulk_requeue_of_the_selected_jobs(operator):
+    a, b = JobFactory(dead=True), JobFactory(dead=True)
+    untouched = JobFactory(dead=True)
+    confirm = bulk(operator, action="requeue", scope="selected", ids=[a.id, b.id])
+    assert "2 jobs can take it now" in confirm.content.decode()
+    done = bulk(operator, action="requeue", scope="selected", ids=[a.id, b.id, "x"], confirm="yes")
+    assert "Requeue: 2 jobs done." in done.content.decode()
+    assert {Job.objects.get(id=j.id).state for j in (a, b)} == {State.PENDING}
+    assert Job.objects.get(id=untouched.id).state == State.DEAD_LETTER
+    assert "no job is selected" in bulk(operator, action="requeue", scope="selected").content.decode()
+
+
+def test_bulk_actions_need_their_permission(viewer):
+    job = JobFactory(kind="email")
+    refused = viewer.post(url("bulk"), {"action": "cancel", "scope": "selected", "ids": [job.id]})
+    assert refused.status_code == 403
+    assert 'id="bulk"' not in viewer.get(url("jobs")).content.decode()
+    assert Job.objects.get(id=job.id).state == State.PENDING
+
+
+def test_a_bulk_action_not_on_offer_is_refused(operator):
+    job = JobFactory(kind="email")
+    response = bulk(operator, action="edit_payload", scope="selected", ids=[job.id], confirm="yes")
+    assert "choose a bulk action" in response.content.decode()
+    assert Job.objects.get(id=job.id).state == State.PENDING

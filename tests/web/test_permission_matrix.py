@@ -132,6 +132,14 @@ DASHBOARD = [
     ("change priority", "act", "post", "job_action", ("pending", "change_priority"), {"priority": "7"}),
     ("edit payload", "act", "post", "job_action", ("pending", "edit_payload"), {"payload": '{"n": 99}'}),
     ("delete", "act", "post", "job_action", ("pending", "delete"), {}),
+    (
+        "bulk cancel",
+        "act",
+        "post",
+        "bulk",
+        (),
+        {"action": "cancel", "scope": "selected", "ids": "{pending}", "confirm": "yes"},
+    ),
     ("stop worker", "act", "post", "worker_stop", ("worker",), {}),
     ("stop worker: confirm", "confirm", "get", "worker_stop", ("worker",), None),
     ("schedules", "page", "get", "schedules", (), None),
@@ -212,6 +220,8 @@ def test_dashboard(client, world, principal, endpoint):
     expected = DASHBOARD_EXPECTED[principal][kind]
     expected = KEPT.get((principal, name), expected)
     url = reverse(f"queue_app_dashboard:{view}", args=[world.get(a, a) for a in args])
+    if data:
+        data = {k: str(world["pending"]) if v == "{pending}" else v for k, v in data.items()}
     before = fingerprint()
     response = client.get(url, **headers) if method == "get" else client.post(url, data, **headers)
     if expected in ("login", "done", "kept"):

@@ -52,7 +52,13 @@
       })
       .then(function (html) {
         if (focusInside()) return;  // focus moved in while the request ran
-        if (html !== last) region.innerHTML = html;
+        if (html !== last) {
+          // Rows picked for a bulk action stay picked across the swap.
+          var picked = {};
+          region.querySelectorAll("input[name=ids]:checked").forEach(function (box) { picked[box.value] = true; });
+          region.innerHTML = html;
+          region.querySelectorAll("input[name=ids]").forEach(function (box) { if (picked[box.value]) box.checked = true; });
+        }
         last = html;
         swaps += 1;
         region.dataset.swaps = String(swaps);
