@@ -12,7 +12,8 @@ class Command(cli.QueueCommand):
   manage.py history 42
   manage.py history 42 --json | jq '.attempts[].error.message'
 
---json prints one object: job {...}, events [...] (oldest first), attempts [{attempt,
+--json prints one object: job {...}, why {code, text, link} (why a pending or waiting
+job is not running now; null for others), events [...] (oldest first), attempts [{attempt,
 worker, started_at, finished_at, seconds, outcome, result, error {type, message,
 traceback}, output {stdout, stderr, log, truncated {stream: bytes dropped}} or null}],
 dead_letters [...]. Output is what the handler printed and logged in that attempt (the
