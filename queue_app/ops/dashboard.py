@@ -86,18 +86,7 @@ class Chart:
     height: int = 120
 
 
-# Events that end the attempt a claim began: the timeline shows the pair as one entry.
-ENDS_ATTEMPT = frozenset(
-    {
-        EventType.COMPLETED,
-        EventType.FAILED,
-        EventType.DEAD_LETTERED,
-        EventType.RECOVERED,
-        EventType.RELEASED,
-        EventType.SNOOZED,
-        EventType.CANCELLED,
-    }
-)
+ENDS_ATTEMPT = reads.ENDS_ATTEMPT
 # Tracebacks go through these packages before they reach a handler's own code.
 MACHINERY = ("/queue_app/worker/", "/queue_app/tasks/", "/queue_app/handlers/")
 

@@ -52,6 +52,18 @@ STATES = (State.WAITING, State.PENDING, State.LEASED, State.COMPLETED, State.DEA
 # The pending breakdown: each pending status, then late (a part of ready).
 PENDING_COUNTS = (*PENDING_STATUSES, LATE)
 FAILURE_EVENTS = (EventType.FAILED, EventType.DEAD_LETTERED, EventType.RECOVERED)
+# Events that end the attempt its claim began (history's attempts, the timeline's entries).
+ENDS_ATTEMPT = frozenset(
+    {
+        EventType.COMPLETED,
+        EventType.FAILED,
+        EventType.DEAD_LETTERED,
+        EventType.RECOVERED,
+        EventType.RELEASED,
+        EventType.SNOOZED,
+        EventType.CANCELLED,
+    }
+)
 
 
 # Ids are 64-bit: a larger number is no id (and PostgreSQL refuses to compare with it).
@@ -627,15 +639,7 @@ def history(job_id, *, unredacted=False):
                 "output": None,
             }
             attempts.append(current)
-        elif current is not None and e.type in (
-            EventType.COMPLETED,
-            EventType.FAILED,
-            EventType.DEAD_LETTERED,
-            EventType.RECOVERED,
-            EventType.RELEASED,
-            EventType.SNOOZED,
-            EventType.CANCELLED,
-        ):
+        elif current is not None and e.type in ENDS_ATTEMPT:
             current["finished_at"] = e.at
             current["seconds"] = round((e.at - current["started_at"]).total_seconds(), 3)
             current["outcome"] = e.type

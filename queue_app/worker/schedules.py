@@ -133,6 +133,18 @@ def due_ticks(schedule, now):
     return [t.astimezone(UTC) for t in ticks]
 
 
+def _request(schedule, now, key):
+    """The job one run of ``schedule`` enqueues, under idempotency key ``key``."""
+    return validation.enqueue_request(
+        schedule.kind,
+        schedule.payload,
+        now=now,
+        queue_name=schedule.queue_name,
+        priority=schedule.priority,
+        idempotency_key=key,
+    )
+
+
 def key_prefix(name):
     """The start of the idempotency key of every job schedule ``name`` enqueued."""
     return f"schedule:{name}:"
@@ -158,15 +170,8 @@ def run_now(name, *, now=None, using="default"):
     if schedule is None:
         raise InvalidJob(f"no schedule named {name!r}", "name")
     now = now or timezone.now()
-    req = validation.enqueue_request(
-        schedule.kind,
-        schedule.payload,
-        now=now,
-        queue_name=schedule.queue_name,
-        priority=schedule.priority,
-        idempotency_key=f"{key_prefix(name)}now:{now.astimezone(UTC).isoformat()}",
-    )
-    job, _ = transitions.enqueue(req, using=using)
+    key = f"{key_prefix(name)}now:{now.astimezone(UTC).isoformat()}"
+    job, _ = transitions.enqueue(_request(schedule, now, key), using=using)
     log.info("schedule %s run now: id=%s", name, job.id)
     return job
 
@@ -186,15 +191,9 @@ def tick(now=None, using="default"):
         try:
             with transaction.atomic(using=using):
                 for t in ticks:
-                    req = validation.enqueue_request(
-                        schedule.kind,
-                        schedule.payload,
-                        now=now,
-                        queue_name=schedule.queue_name,
-                        priority=schedule.priority,
-                        idempotency_key=tick_key(schedule, t),
+                    job, created = transitions.enqueue(
+                        _request(schedule, now, tick_key(schedule, t)), using=using
                     )
-                    job, created = transitions.enqueue(req, using=using)
                     out.append((schedule.name, t, job, created))
                 # Forward only: a slower ticker with an older view never moves it back.
                 Schedule.objects.using(using).filter(
