@@ -747,8 +747,9 @@ def test_the_job_page_is_live_its_partial_holds_status_and_timeline_not_the_acti
 def test_badges_say_states_in_words(viewer):
     job = JobFactory(dead=True)
     listing = viewer.get(url("jobs")).content.decode()
-    assert 'data-status="dead_letter">dead letter</span>' in listing
-    assert 'data-status="dead_letter">dead letter</span>' in viewer.get(url("job", job.id)).content.decode()
+    assert 'data-status="dead_letter" title="dead_letter">dead letter</span>' in listing
+    page = viewer.get(url("job", job.id)).content.decode()
+    assert 'data-status="dead_letter" title="dead_letter">dead letter</span>' in page
 
 
 def test_the_running_now_page_lists_leased_jobs_with_worker_child_runtime_progress_and_lease(viewer):
