@@ -270,6 +270,10 @@ class Job(models.Model):
         max_length=CONCURRENCY_KEY_MAX_LENGTH, null=True, blank=True, help_text="Empty: not limited per key."
     )
 
+    # The W3C trace context (traceparent, tracestate) of the enqueue, with OpenTelemetry
+    # installed and a trace open (core/telemetry.py): each attempt's span continues it.
+    trace_context = models.JSONField(null=True, blank=True)
+
     objects = JobQuerySet.as_manager()
 
     class Meta:
