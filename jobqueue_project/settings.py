@@ -245,3 +245,11 @@ LOGGING = {
         "django.request": {"handlers": ["console"], "level": "ERROR", "propagate": False},
     },
 }
+
+# OTEL_SETUP=package.module.function: called once at start-up to set up an OpenTelemetry
+# SDK and exporter (the tests' and benchmarks' hook, e.g. tests.otel_setup.configure; a
+# site does this its own way). Without it spans go to OpenTelemetry's no-op default.
+if OTEL_SETUP := env("OTEL_SETUP", default=""):
+    from django.utils.module_loading import import_string
+
+    import_string(OTEL_SETUP)()

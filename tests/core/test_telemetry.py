@@ -5,9 +5,6 @@ import logging
 
 import pytest
 from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from queue_app import bulk_enqueue, enqueue
 from queue_app.core import telemetry
@@ -16,20 +13,6 @@ from queue_app.worker import execution
 from tests import sample_tasks as tasks
 
 pytestmark = pytest.mark.django_db
-
-_exporter = InMemorySpanExporter()
-
-
-@pytest.fixture
-def spans():
-    # The global provider can be set once per process: the first test sets it.
-    if not isinstance(trace.get_tracer_provider(), TracerProvider):
-        provider = TracerProvider()
-        provider.add_span_processor(SimpleSpanProcessor(_exporter))
-        trace.set_tracer_provider(provider)
-    _exporter.clear()
-    yield _exporter
-    _exporter.clear()
 
 
 def _run(job_id):
