@@ -67,8 +67,9 @@ def job_fields(job, **more):
     }
 
 
-def _tracer():
-    return trace.get_tracer("queue_app")
+# A proxy until the site sets its provider, then that provider's tracer: fetched once,
+# as a tracer per call costs a few microseconds an attempt.
+_tracer = trace.get_tracer("queue_app") if trace is not None else None
 
 
 def _trace_id(span):
@@ -89,7 +90,7 @@ def enqueuing(kind, queue_name, count=1):
     attributes = {"queue_app.kind": kind, "queue_app.queue": queue_name}
     if count != 1:
         attributes["queue_app.count"] = count
-    with _tracer().start_as_current_span(
+    with _tracer.start_as_current_span(
         f"enqueue {kind}", kind=SpanKind.PRODUCER, attributes=attributes
     ) as span:
         yield lambda job, created=True: _enqueued(span, job, created)
@@ -160,7 +161,7 @@ def attempt(job, worker_id):
     started = time.monotonic()
     # The handler's error is caught before it leaves the attempt (Attempt.failed records
     # it); one of the worker's own that escapes is recorded by the span itself.
-    with _tracer().start_as_current_span(
+    with _tracer.start_as_current_span(
         f"run {job.kind}", context=parent, kind=SpanKind.CONSUMER, attributes=attributes
     ) as span:
         token = _fields.set({**fields, "trace_id": _trace_id(span)})
