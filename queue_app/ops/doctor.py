@@ -1,0 +1,42 @@
+"""manage.py doctor: what is wrong with a live installation, each finding with its fix.
+
+Checks: every migration applied; leased jobs whose lease expired with no live worker to
+recover them; lost workers; the database's own settings (engines: SQLite's journal mode
+and synchronous).
+"""
+
+from django.db import connections, router
+from django.db.migrations.executor import MigrationExecutor
+from django.utils import timezone
+
+from queue_app import engines
+from queue_app.models import Job, Worker
+
+
+def findings(using=None, now=None):
+    """Run the checks; return ["problem: fix", ...], empty when healthy."""
+    db = using or router.db_for_read(Job)
+    now = now or timezone.now()
+    out = []
+    loader = MigrationExecutor(connections[db]).loader
+    pending = sorted(
+        f"{app}.{name}" for app, name in set(loader.graph.nodes) - set(loader.applied_migrations)
+    )
+    if pending:
+        out.append(
+            f"{len(pending)} migration(s) not applied ({', '.join(pending[:5])}): run manage.py migrate"
+        )
+        return out  # the other checks read tables those migrations may not have made yet
+    expired = Job.objects.using(db).expired(now).count()
+    if expired and not Worker.objects.using(db).live(now).exists():
+        out.append(
+            f"{expired} leased job(s) have expired leases and no live worker to recover them: "
+            "start a worker (manage.py runworker), which takes them back"
+        )
+    for name, heartbeat in Worker.objects.using(db).lost(now).values_list("name", "last_heartbeat"):
+        out.append(
+            f"worker {name} is lost (last heartbeat {heartbeat:%Y-%m-%d %H:%M:%S}): check its host and "
+            "restart it; a live worker recovers its jobs once their leases lapse"
+        )
+    out.extend(f"{problem}: {fix}" for problem, fix in engines.of(connections[db]).doctor())
+    return out
