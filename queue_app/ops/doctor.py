@@ -2,15 +2,23 @@
 
 Checks: every migration applied; leased jobs whose lease expired with no live worker to
 recover them; lost workers; the database's own settings (engines: SQLite's journal mode
-and synchronous).
+and synchronous, PostgreSQL's autovacuum and dead rows on the job and event tables);
+workers whose clock runs ahead of the database's.
 """
+
+from datetime import timedelta
 
 from django.db import connections, router
 from django.db.migrations.executor import MigrationExecutor
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from queue_app import engines
 from queue_app.models import Job, Worker
+
+# A heartbeat this far ahead of the database's clock: that worker's clock is wrong, and
+# it would read leases as lapsed (or live) at the wrong time.
+SKEW = timedelta(seconds=5)
 
 
 def findings(using=None, now=None):
@@ -38,5 +46,17 @@ def findings(using=None, now=None):
             f"worker {name} is lost (last heartbeat {heartbeat:%Y-%m-%d %H:%M:%S}): check its host and "
             "restart it; a live worker recovers its jobs once their leases lapse"
         )
+    ahead = (
+        Worker.objects.using(db)
+        .alive()
+        .annotate(db_now=Now())
+        .values_list("name", "last_heartbeat", "db_now")
+    )
+    for name, heartbeat, db_now in ahead:
+        if heartbeat - db_now > SKEW:
+            out.append(
+                f"worker {name}'s clock is {(heartbeat - db_now).total_seconds():.0f}s ahead of the "
+                "database's: sync its host's clock (NTP)"
+            )
     out.extend(f"{problem}: {fix}" for problem, fix in engines.of(connections[db]).doctor())
     return out
