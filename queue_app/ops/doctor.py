@@ -3,7 +3,8 @@
 Checks: every migration applied; leased jobs whose lease expired with no live worker to
 recover them; lost workers; the database's own settings (engines: SQLite's journal mode
 and synchronous, PostgreSQL's autovacuum and dead rows on the job and event tables);
-workers whose clock runs ahead of the database's.
+workers whose clock runs ahead of the database's; completed jobs' events older than
+DOCTOR_PRUNE_DAYS, which say nothing prunes the event table.
 """
 
 from datetime import timedelta
@@ -14,7 +15,8 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from queue_app import engines
-from queue_app.models import Job, Worker
+from queue_app.conf import settings
+from queue_app.models import Event, EventType, Job, Worker
 
 # A heartbeat this far ahead of the database's clock: that worker's clock is wrong, and
 # it would read leases as lapsed (or live) at the wrong time.
@@ -58,5 +60,16 @@ def findings(using=None, now=None):
                 f"worker {name}'s clock is {(heartbeat - db_now).total_seconds():.0f}s ahead of the "
                 "database's: sync its host's clock (NTP)"
             )
+    days = settings.DOCTOR_PRUNE_DAYS
+    # (type, at) is an index: the oldest completed event is one seek, at any table size.
+    oldest = (
+        Event.objects.using(db).filter(type=EventType.COMPLETED).order_by("at").values_list("at", flat=True)
+    )
+    oldest = oldest.first()
+    if days and oldest is not None and oldest < now - timedelta(days=days):
+        out.append(
+            f"completed jobs' events go back {(now - oldest).days} days, past DOCTOR_PRUNE_DAYS ({days}): "
+            f"nothing prunes them; run manage.py prune --older-than {days}d daily (cron or a schedule)"
+        )
     out.extend(f"{problem}: {fix}" for problem, fix in engines.of(connections[db]).doctor())
     return out

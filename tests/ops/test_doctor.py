@@ -10,6 +10,7 @@ from django.db import connection
 from django.utils import timezone
 
 from queue_app import engines
+from queue_app.models import Event, EventType
 from queue_app.ops import doctor
 from tests.factories import JobFactory, WorkerFactory
 
@@ -108,3 +109,14 @@ def test_doctor_names_unapplied_migrations_first():
     MigrationRecorder.Migration.objects.filter(app="queue_app", name="0017_telemetry").delete()
     (line,) = doctor.findings()
     assert line == "1 migration(s) not applied (queue_app.0017_telemetry): run manage.py migrate"
+
+
+def test_doctor_finds_old_completed_events_that_nothing_prunes(settings):
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "DOCTOR_PRUNE_DAYS": 7}
+    job = JobFactory(state="completed", finished_at=timezone.now() - timedelta(days=9))
+    Event.objects.create(job=job, type=EventType.COMPLETED, at=timezone.now() - timedelta(days=9))
+    (line,) = planted()
+    assert line == (
+        "completed jobs' events go back 9 days, past DOCTOR_PRUNE_DAYS (7): nothing prunes them; "
+        "run manage.py prune --older-than 7d daily (cron or a schedule)"
+    )
