@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/worker_throughput.py                       # sqlite, postgres, mysql
     .venv/bin/python benchmarks/worker_throughput.py --db sqlite --jobs 20000 --batch 1,100
     .venv/bin/python benchmarks/worker_throughput.py --latency --poll 1s   # enqueue-to-start
+    .venv/bin/python benchmarks/worker_throughput.py --db sqlite --batch 10 --tracing   # OTel on vs off
 
 For each database: a fresh database, N no-op jobs bulk-enqueued with the workers
 stopped, then `manage.py runworker --burst` with --concurrency processes. ``jobs_per_s``
@@ -55,20 +56,25 @@ def fresh_database(db):
     run(db, [PY, "manage.py", "migrate", "-v0"])
 
 
-def run(db, argv, **kw):
-    env = dict(os.environ, DATABASE_URL=URLS[db], JOBQUEUE_LOG_LEVEL="WARNING")
+def run(db, argv, extra_env=None, **kw):
+    env = dict(os.environ, DATABASE_URL=URLS[db], JOBQUEUE_LOG_LEVEL="WARNING", **(extra_env or {}))
     return subprocess.run(argv, cwd=ROOT, env=env, check=True, capture_output=True, text=True, **kw)
 
 
-def django_snippet(db, code):
+def django_snippet(db, code, extra_env=None):
     prelude = (
         "import os, django, json; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'jobqueue_project.settings');"
         " django.setup()\n"
     )
-    return run(db, [PY, "-c", prelude + code]).stdout
+    return run(db, [PY, "-c", prelude + code], extra_env).stdout
 
 
-def one(db, jobs, concurrency, batch, threads):
+# --tracing: OpenTelemetry's SDK in the enqueuing and the worker processes, every span
+# built and handed to an exporter that drops it (tests/otel_setup.py).
+TRACING = {"OTEL_SETUP": "tests.otel_setup.configure"}
+
+
+def one(db, jobs, concurrency, batch, threads, extra_env=None):
     fresh_database(db)
     django_snippet(
         db,
@@ -81,9 +87,10 @@ def one(db, jobs, concurrency, batch, threads):
             "    connection.cursor().execute('ANALYZE ' + ('TABLE ' if connection.vendor == 'mysql' else '')"
             " + 'queue_app_job')\n"
         ),
+        extra_env,
     )
     began = time.perf_counter()
-    env = dict(os.environ, DATABASE_URL=URLS[db], JOBQUEUE_LOG_LEVEL="WARNING")
+    env = dict(os.environ, DATABASE_URL=URLS[db], JOBQUEUE_LOG_LEVEL="WARNING", **(extra_env or {}))
     proc = subprocess.Popen(
         [
             PY,
@@ -132,6 +139,7 @@ def one(db, jobs, concurrency, batch, threads):
         "concurrency": concurrency,
         "threads": threads,
         "batch": batch,
+        "tracing": bool(extra_env),
         "drain_s": round(report["span"], 3),
         "jobs_per_s": round(report["done"] / report["span"]),
         "wall_s": round(wall, 3),
@@ -216,6 +224,11 @@ def main():
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--batch", default="1,100", help="comma-separated batch sizes")
+    parser.add_argument(
+        "--tracing",
+        action="store_true",
+        help="each drain twice, OpenTelemetry off then on (same run), and the ratio",
+    )
     parser.add_argument("--latency", action="store_true", help="measure enqueue-to-start latency instead")
     parser.add_argument(
         "--poll",
@@ -231,6 +244,18 @@ def main():
     for db in args.db or ["sqlite", "postgres", "mysql"]:
         for batch in [int(b) for b in args.batch.split(",")]:
             try:
+                if args.tracing:
+                    off = one(db, args.jobs, args.concurrency, batch, args.threads)
+                    on = one(db, args.jobs, args.concurrency, batch, args.threads, TRACING)
+                    for line in (off, on):
+                        print(json.dumps(line), flush=True)
+                    ratio = on["jobs_per_s"] / off["jobs_per_s"]
+                    print(
+                        json.dumps(
+                            {"bench": "tracing_cost", "db": db, "batch": batch, "on_vs_off": round(ratio, 3)}
+                        )
+                    )
+                    continue
                 print(json.dumps(one(db, args.jobs, args.concurrency, batch, args.threads)), flush=True)
             except subprocess.CalledProcessError as exc:
                 print(

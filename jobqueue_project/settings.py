@@ -220,14 +220,35 @@ JOBQUEUE = {
     "SHELL_JOBS": env.bool("JOBQUEUE_SHELL_JOBS", default=False),
 }
 
+# LOG_FORMAT=json: one JSON object a line (python-json-logger), with the job's fields
+# (queue_app.core.telemetry.JobFields) on every line of the worker and the transitions.
+LOG_FORMAT = env("LOG_FORMAT", default="plain")
+if LOG_FORMAT not in ("plain", "json"):
+    raise ImproperlyConfigured(f"LOG_FORMAT must be plain or json, not {LOG_FORMAT!r}")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"job": {"()": "queue_app.core.telemetry.JobFields"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {
+            "()": "pythonjsonlogger.json.JsonFormatter",
+            "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s"
+            " %(job_id)s %(kind)s %(queue)s %(attempt)s %(worker_id)s %(trace_id)s",
+        },
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT, "filters": ["job"]}},
     "loggers": {
         "queue_app": {"handlers": ["console"], "level": env("JOBQUEUE_LOG_LEVEL", default="INFO")},
         # With DEBUG off Django mails 500s to ADMINS (none here): log their tracebacks instead.
         "django.request": {"handlers": ["console"], "level": "ERROR", "propagate": False},
     },
 }
+
+# OTEL_SETUP=package.module.function: called once at start-up to set up an OpenTelemetry
+# SDK and exporter (the tests' and benchmarks' hook, e.g. tests.otel_setup.configure; a
+# site does this its own way). Without it spans go to OpenTelemetry's no-op default.
+if OTEL_SETUP := env("OTEL_SETUP", default=""):
+    from django.utils.module_loading import import_string
+
+    import_string(OTEL_SETUP)()

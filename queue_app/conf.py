@@ -64,6 +64,9 @@ DEFAULTS = {
     "OUTPUT_MAX_BYTES": 64 * 1024,
     # `manage.py prune`: jobs deleted (with their events) per transaction.
     "PRUNE_BATCH_SIZE": 1000,
+    # `manage.py doctor`: a completed job's events older than this many days mean nothing
+    # prunes the event table.
+    "DOCTOR_PRUNE_DAYS": 30,
     # runworker: processes, threads per process and jobs leased per claim.
     "WORKER_CONCURRENCY": 1,
     "WORKER_THREADS": 1,

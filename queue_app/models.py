@@ -301,6 +301,10 @@ class Job(models.Model):
     waiting_for = models.PositiveIntegerField(null=True, blank=True)
     depends = models.JSONField(null=True, blank=True)
 
+    # The W3C trace context (traceparent, tracestate) of the enqueue, with OpenTelemetry
+    # installed and a trace open (core/telemetry.py): each attempt's span continues it.
+    trace_context = models.JSONField(null=True, blank=True)
+
     objects = JobQuerySet.as_manager()
 
     class Meta:

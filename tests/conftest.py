@@ -4,6 +4,10 @@ import sys
 
 import pytest
 from django.db import connection, connections
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from queue_app.handlers import registry
 from tests import sample_handlers as handlers
@@ -132,3 +136,19 @@ def enqueue_job():
 def _fast_passwords(settings):
     # The default hasher spends most of a second per user by design.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+_span_exporter = InMemorySpanExporter()
+
+
+@pytest.fixture
+def spans():
+    """OpenTelemetry's SDK with an in-memory exporter: the spans finished in the test."""
+    # The global provider can be set once per process: the first test that asks sets it.
+    if not isinstance(trace.get_tracer_provider(), TracerProvider):
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(_span_exporter))
+        trace.set_tracer_provider(provider)
+    _span_exporter.clear()
+    yield _span_exporter
+    _span_exporter.clear()

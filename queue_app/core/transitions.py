@@ -44,7 +44,7 @@ from django.utils import timezone
 
 from queue_app import engines
 from queue_app.conf import settings
-from queue_app.core import backoff, flow, ordering, validation, webhooks, workflows
+from queue_app.core import backoff, flow, ordering, telemetry, validation, webhooks, workflows
 from queue_app.core import events as events_
 from queue_app.core import follow_ups as chaining
 from queue_app.engines import rows
@@ -102,6 +102,7 @@ def _new_job(req, now):
         backoff_jitter=req.backoff_jitter,
         group_id=req.group_id,
         in_workflow=True if req.group_id is not None else None,
+        trace_context=telemetry.carrier(),
     )
 
 
@@ -198,6 +199,10 @@ def _insert_plain(db, reqs, now, *, savepoint=True):
     Return the Job instances, in order."""
     connection = connections[db]
     givens = [_given(req, now) for req in reqs]
+    trace = telemetry.carrier()
+    if trace is not None:
+        for given in givens:
+            given["trace_context"] = trace
     texts = [req.payload_json for req in reqs]
     if None in texts:  # a request built without validation.payload_json
         texts = [t if t is not None else json.dumps(r.payload) for t, r in zip(texts, reqs)]
@@ -213,6 +218,8 @@ def _insert_plain(db, reqs, now, *, savepoint=True):
 def enqueue(req, *, using=None):
     """Insert a validated EnqueueRequest; return (job, created).
 
+    With OpenTelemetry, in a span of the caller's trace that the job's attempts continue.
+
     With an idempotency key the database's unique index decides: of concurrent
     enqueues with one key exactly one inserts, the others get that job back. With
     ``unique_for`` a job older than the window gives its key up (as cancel does; the
@@ -220,6 +227,13 @@ def enqueue(req, *, using=None):
     concurrent enqueues after the window still exactly one inserts. A debounce_key or
     unique_key goes through its AdmissionKey row instead (_debounce, _unique).
     """
+    with telemetry.enqueuing(req.kind, req.queue_name) as traced:
+        job, created = _enqueue(req, using)
+        traced(job, created)
+    return job, created
+
+
+def _enqueue(req, using):
     db = _db(using)
     now = timezone.now()
     if req.debounce_key is not None:
@@ -231,7 +245,13 @@ def enqueue(req, *, using=None):
     if req.idempotency_key is None:
         # Nothing to look up and no race to lose: no savepoint, the fewest statements.
         (job,) = _insert_plain(db, [req], now)
-        log.debug("enqueued id=%s kind=%s queue=%s", job.id, job.kind, job.queue_name)
+        log.debug(
+            "enqueued id=%s kind=%s queue=%s",
+            job.id,
+            job.kind,
+            job.queue_name,
+            extra=telemetry.job_fields(job),
+        )
         return job, True
     with transaction.atomic(using=db):
         stale = None
@@ -263,7 +283,9 @@ def enqueue(req, *, using=None):
             if existing is None:
                 raise
             return existing, False
-    log.debug("enqueued id=%s kind=%s queue=%s", job.id, job.kind, job.queue_name)
+    log.debug(
+        "enqueued id=%s kind=%s queue=%s", job.id, job.kind, job.queue_name, extra=telemetry.job_fields(job)
+    )
     return job, True
 
 
@@ -483,7 +505,16 @@ def bulk_enqueue(reqs, *, using=None):
     db = _db(using)
     now = timezone.now()
     out = [None] * len(reqs)
-    with transaction.atomic(using=db):
+    kinds = {req.kind for req in reqs}
+    queues = {req.queue_name for req in reqs}
+    with (
+        telemetry.enqueuing(
+            kinds.pop() if len(kinds) == 1 else "(several)",
+            queues.pop() if len(queues) == 1 else "(several)",
+            count=len(reqs),
+        ),
+        transaction.atomic(using=db),
+    ):
         plain = []
         for i, req in enumerate(reqs):
             if (
@@ -616,7 +647,9 @@ def _follow_ups(db, job, state, now, *, result=None, error=None):
     child, chained = chaining.follow_up(job, state, now, result=result, error=error)
     if child is not None:
         child, _ = enqueue(child, using=db)
-        log.debug("chained id=%s -> id=%s kind=%s", job.id, child.id, child.kind)
+        log.debug(
+            "chained id=%s -> id=%s kind=%s", job.id, child.id, child.kind, extra=telemetry.job_fields(job)
+        )
         chained = {"chained": child.id}
     hook, hooked = webhooks.delivery(job, state, now, result=result, error=error)
     if hook is not None:
@@ -639,6 +672,7 @@ def _lost(job_id, worker_id, attempt, action):
         worker_id,
         attempt,
         action,
+        extra={"job_id": job_id, "attempt": attempt, "worker_id": worker_id},
     )
 
 
@@ -981,7 +1015,10 @@ def release_orphans(worker_id, *, keep, using=None):
     for job_id, attempt in leased.values_list("id", "attempts"):
         if release(job_id, worker_id=worker_id, attempt=attempt, using=db):
             log.warning(
-                "released id=%s worker=%s: claimed by a claim whose answer was lost", job_id, worker_id
+                "released id=%s worker=%s: claimed by a claim whose answer was lost",
+                job_id,
+                worker_id,
+                extra={"job_id": job_id, "attempt": attempt, "worker_id": worker_id},
             )
             out.append(job_id)
     return out
@@ -1165,7 +1202,7 @@ def recover(*, limit=500, now=None, owned_by=None, owner=None, exclude=(), using
             meta.update(_follow_ups(db, job, to, now, error=error))
         Event.objects.using(db).bulk_create(events)
     for job_id, to in out:
-        log.warning("recovered id=%s state=%s", job_id, to)
+        log.warning("recovered id=%s state=%s", job_id, to, extra={"job_id": job_id})
     return out
 
 

@@ -114,6 +114,10 @@ class Engine:
         """One transaction for a write and its events (none of its own inside the caller's)."""
         return transaction.atomic(using=self.connection.alias, savepoint=False)
 
+    def doctor(self):
+        """What this database's own settings would have fixed: [(problem, fix)] (manage.py doctor)."""
+        return []
+
     # --- enqueue ---------------------------------------------------------------------
 
     def insert_chunk(self):

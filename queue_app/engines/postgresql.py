@@ -27,6 +27,41 @@ from queue_app.engines.leasing import SET, TABLE, excluding
 class PostgresEngine(Engine):
     vendor = "postgresql"
 
+    # A table this share dead (and at least this many dead rows) is one autovacuum is not
+    # keeping up with: the claim's index scans step over the dead entries of done jobs.
+    DEAD_RATIO = 0.2
+    DEAD_MIN = 10_000
+
+    def doctor(self):
+        out = []
+        with self.connection.cursor() as cursor:
+            cursor.execute("SHOW autovacuum")
+            if cursor.fetchone()[0] != "on":
+                out.append(("PostgreSQL autovacuum is off", "set autovacuum = on in postgresql.conf"))
+            cursor.execute(
+                "SELECT c.relname, coalesce(s.n_live_tup, 0), coalesce(s.n_dead_tup, 0),"
+                " coalesce(array_to_string(c.reloptions, ','), '')"
+                " FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid"
+                " WHERE c.relname IN (%s, %s) AND c.relkind = 'r'",
+                [rows.JOB_TABLE, rows.EVENT_TABLE],
+            )
+            for table, live, dead, options in cursor.fetchall():
+                if "autovacuum_enabled=false" in options.replace(" ", "").lower():
+                    out.append(
+                        (
+                            f"autovacuum is disabled on {table}",
+                            f"ALTER TABLE {table} RESET (autovacuum_enabled)",
+                        )
+                    )
+                if dead >= self.DEAD_MIN and dead > self.DEAD_RATIO * (live + dead):
+                    out.append(
+                        (
+                            f"{table} is {dead / (live + dead):.0%} dead rows ({dead:,})",
+                            f"VACUUM (ANALYZE) {table}, and lower its autovacuum_vacuum_scale_factor",
+                        )
+                    )
+        return out
+
     # --- enqueue ---------------------------------------------------------------------
 
     def insert_chunk(self):

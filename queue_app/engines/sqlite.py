@@ -21,6 +21,29 @@ def _sqlite_us(expr):
 class SqliteEngine(Engine):
     vendor = "sqlite"
 
+    def doctor(self):
+        with self.connection.cursor() as cursor:
+            mode = cursor.execute("PRAGMA journal_mode").fetchone()[0].lower()
+            # 0 OFF, 1 NORMAL, 2 FULL, 3 EXTRA
+            synchronous = cursor.execute("PRAGMA synchronous").fetchone()[0]
+        out = []
+        if mode != "wal":
+            # Without WAL a reader blocks the writers and every claim waits on the dashboard.
+            out.append(
+                (
+                    f"SQLite journal_mode is {mode}, not wal",
+                    'add "PRAGMA journal_mode=WAL;" to OPTIONS["init_command"] (the example settings do)',
+                )
+            )
+        if synchronous == 0:
+            out.append(
+                (
+                    "SQLite synchronous is OFF: a crash of the OS can lose committed jobs",
+                    'add "PRAGMA synchronous=NORMAL;" (or FULL) to OPTIONS["init_command"]',
+                )
+            )
+        return out
+
     def claim(
         self,
         *,

@@ -16,7 +16,7 @@ from typing import NamedTuple
 from django.utils import timezone
 
 from queue_app.conf import settings
-from queue_app.core import events, transitions, validation
+from queue_app.core import events, telemetry, transitions, validation
 from queue_app.exceptions import NotStarted, Snooze, TooManySnoozes, UnknownKind, UnstorableResult
 from queue_app.handlers import context as running
 from queue_app.handlers import registry
@@ -113,22 +113,27 @@ def failure(job, exc):
 
 def execute(job, worker_id, *, abort_probe=None, using=None):
     """Run a claimed job and record the outcome; return the new state (None if the lease was lost)."""
-    output = capture.Capture()  # what the handler prints goes with the attempt's event
-    try:
-        result = attempt(job, worker_id, output, abort_probe=abort_probe)
-    except NotStarted:
-        raise  # not the job's failure: its handler was never called
-    except HANDLER_ERRORS as exc:
-        return settle_failure(job, worker_id, exc, output, using=using)
-    done = transitions.complete(
-        job.id,
-        worker_id=worker_id,
-        attempt=job.attempts,
-        result=result,
-        output=output.value(),
-        using=using,
-    )
-    return _settled(job, "completed" if done else None, using)
+    with telemetry.attempt(job, worker_id) as traced:
+        output = capture.Capture()  # what the handler prints goes with the attempt's event
+        try:
+            result = attempt(job, worker_id, output, abort_probe=abort_probe)
+        except NotStarted:
+            raise  # not the job's failure: its handler was never called
+        except HANDLER_ERRORS as exc:
+            traced.failed(exc)
+            state = settle_failure(job, worker_id, exc, output, using=using)
+        else:
+            done = transitions.complete(
+                job.id,
+                worker_id=worker_id,
+                attempt=job.attempts,
+                result=result,
+                output=output.value(),
+                using=using,
+            )
+            state = _settled(job, "completed" if done else None, using)
+        traced.settled(state)
+        return state
 
 
 def settle_failure(job, worker_id, exc, output, *, using=None):

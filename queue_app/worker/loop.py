@@ -25,7 +25,7 @@ from django.db import close_old_connections, connection, connections
 from django.utils import timezone
 
 from queue_app.conf import settings
-from queue_app.core import transitions
+from queue_app.core import telemetry, transitions
 from queue_app.exceptions import NotStarted
 from queue_app.worker import capture, execution, outages
 from queue_app.worker.wakeup import Waiter
@@ -136,6 +136,7 @@ class Loop:
 
     def run(self):
         """Run until stopped, drained (burst) or out of budget; release what is left."""
+        telemetry.bind_worker(self.owner)
         signal.signal(signal.SIGTERM, lambda *_: self.stopping.set())
         # Ctrl-C reaches the whole process group; the supervisor decides what it means.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -326,17 +327,29 @@ class Loop:
         returned; a crash before the flush means those jobs run again (at-least-once).
         A django.tasks job's task_finished waits for that commit (_acknowledge); a failure
         is settled at once, inside its exception handler, as execute() does."""
-        output = capture.Capture()  # as execute(): per thread, kept with the attempt
-        try:
-            result = execution.attempt(job, self.owner, output, abort_probe=abort_probe)
-        except NotStarted:
-            raise
-        except execution.HANDLER_ERRORS as exc:
-            # Fenced, so a retry after a reconnect is safe even if the first try committed.
-            outages.retrying(
-                execution.settle_failure, job, self.owner, exc, output, who=self.owner, stopping=self.stopping
-            )
-            return
+        with telemetry.attempt(job, self.owner) as traced:
+            output = capture.Capture()  # as execute(): per thread, kept with the attempt
+            try:
+                result = execution.attempt(job, self.owner, output, abort_probe=abort_probe)
+            except NotStarted:
+                raise
+            except execution.HANDLER_ERRORS as exc:
+                traced.failed(exc)
+                # Fenced, so a retry after a reconnect is safe even if the first try committed.
+                traced.settled(
+                    outages.retrying(
+                        execution.settle_failure,
+                        job,
+                        self.owner,
+                        exc,
+                        output,
+                        who=self.owner,
+                        stopping=self.stopping,
+                    )
+                )
+                return
+            # Acknowledged later, with others (complete_many): the span ends with the handler.
+            traced.settled("completed")
         with self.ack_lock:
             if not self.acks:
                 self.acks_since = time.monotonic()

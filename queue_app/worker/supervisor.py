@@ -43,7 +43,7 @@ import uuid
 from django.db import DatabaseError, connections
 
 from queue_app.conf import settings
-from queue_app.core import aborting, events, flow, transitions
+from queue_app.core import aborting, events, flow, telemetry, transitions
 from queue_app.tasks import running as task_running
 from queue_app.worker import outages, wakeup
 from queue_app.worker import registry as workers
@@ -122,6 +122,7 @@ class Supervisor:
     # --- lifecycle ---------------------------------------------------------------------
 
     def run(self):
+        telemetry.bind_worker(self.options.name)
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
             self.record = self._register()

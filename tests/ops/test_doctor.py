@@ -1,0 +1,126 @@
+"""manage.py doctor on a live installation: healthy exits 0, each planted problem is one
+line with its fix and exit 1."""
+
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+from django.utils import timezone
+
+from queue_app import engines
+from queue_app.models import Event, EventType
+from queue_app.ops import doctor
+from tests.factories import JobFactory, WorkerFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def server_findings():
+    """What the test database's server itself is found with (this machine's PostgreSQL may
+    run with autovacuum off): each test expects these and its own planted ones."""
+    return [f"{problem}: {fix}" for problem, fix in engines.of(connection).doctor()]
+
+
+def planted():
+    server = server_findings()
+    return [line for line in doctor.findings() if line not in server]
+
+
+def run_doctor():
+    out = StringIO()
+    try:
+        call_command("doctor", stdout=out)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    return code, out.getvalue().splitlines()
+
+
+def test_doctor_on_a_healthy_installation_says_so_and_exits_0():
+    JobFactory(leased=True)  # a lease still running is no finding
+    WorkerFactory()
+    server = server_findings()
+    assert run_doctor() == ((1, server) if server else (0, ["healthy: nothing to fix"]))
+
+
+def test_doctor_finds_an_expired_lease_with_no_live_worker_and_says_to_start_one():
+    JobFactory(expired=True)
+    code, lines = run_doctor()
+    assert code == 1
+    assert lines[: len(lines) - len(server_findings())] == [
+        "1 leased job(s) have expired leases and no live worker to recover them: "
+        "start a worker (manage.py runworker), which takes them back"
+    ]
+
+
+def test_doctor_leaves_an_expired_lease_to_a_live_worker():
+    JobFactory(expired=True)
+    WorkerFactory()
+    assert planted() == []
+
+
+def test_doctor_names_a_lost_worker():
+    lost = WorkerFactory(last_heartbeat=timezone.now() - timedelta(hours=1))
+    code, _ = run_doctor()
+    assert code == 1
+    (line,) = planted()
+    assert line.startswith(f"worker {lost.name} is lost (last heartbeat ")
+    assert "restart it" in line
+
+
+@pytest.mark.django_db(transaction=True)
+def test_doctor_finds_sqlite_with_synchronous_off():
+    if connection.vendor != "sqlite":
+        pytest.skip("journal mode and synchronous are SQLite's")
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA synchronous=OFF")
+    try:
+        (line,) = doctor.findings()
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("PRAGMA synchronous=NORMAL")
+    assert line.startswith("SQLite synchronous is OFF")
+
+
+def test_doctor_finds_a_worker_whose_clock_runs_ahead_of_the_database():
+    WorkerFactory(name="fast", last_heartbeat=timezone.now() + timedelta(minutes=2))
+    (line,) = planted()
+    assert line.startswith("worker fast's clock is 1") and line.endswith("sync its host's clock (NTP)")
+
+
+def test_doctor_finds_autovacuum_disabled_on_the_job_table():
+    if connection.vendor != "postgresql":
+        pytest.skip("autovacuum is PostgreSQL's")
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE queue_app_job SET (autovacuum_enabled = false)")  # rolled back
+    found = doctor.findings()
+    assert (
+        "autovacuum is disabled on queue_app_job: ALTER TABLE queue_app_job RESET (autovacuum_enabled)"
+        in found
+    )
+    assert not any("queue_app_event" in line for line in found)
+
+
+def test_doctor_names_unapplied_migrations_first():
+    from django.db import connection
+    from django.db.migrations.loader import MigrationLoader
+    from django.db.migrations.recorder import MigrationRecorder
+
+    # The newest migration, whichever it is: forgetting it leaves it unapplied.
+    ((_, latest),) = MigrationLoader(connection).graph.leaf_nodes("queue_app")
+    MigrationRecorder.Migration.objects.filter(app="queue_app", name=latest).delete()
+    (line,) = doctor.findings()
+    assert line == f"1 migration(s) not applied (queue_app.{latest}): run manage.py migrate"
+
+
+def test_doctor_finds_old_completed_events_that_nothing_prunes(settings):
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "DOCTOR_PRUNE_DAYS": 7}
+    job = JobFactory(state="completed", finished_at=timezone.now() - timedelta(days=9))
+    Event.objects.create(job=job, type=EventType.COMPLETED, at=timezone.now() - timedelta(days=9))
+    (line,) = planted()
+    assert line == (
+        "completed jobs' events go back 9 days, past DOCTOR_PRUNE_DAYS (7): nothing prunes them; "
+        "run manage.py prune --older-than 7d daily (cron or a schedule)"
+    )
