@@ -5,6 +5,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
+from queue_app.models import Job
 from queue_app.web import auth as api_auth
 from tests.factories import DeadLetterFactory, JobFactory
 
@@ -116,3 +117,16 @@ def test_a_bulk_enqueue_asks_the_pause_table_once_not_once_per_job(settings):
     few, many = _queries(bulk(2)), _queries(bulk(40))
 
     assert many == few
+
+
+@pytest.mark.slow
+def test_the_issues_figure_150_jobs_of_one_mib_make_a_small_page(api, settings):
+    # The finding: 150 jobs of 1 MiB made a 150 MiB response. Rows in batches of 5 so no
+    # statement passes MariaDB's 16 MiB max_allowed_packet.
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "MAX_PAYLOAD_BYTES": 2 * 1024 * 1024}
+    Job.objects.bulk_create([JobFactory.build(payload={"blob": BIG}) for _ in range(150)], batch_size=5)
+    r = api.get("/api/jobs", {"limit": 150})
+
+    assert r.status_code == 200
+    assert len(r.json()["items"]) == 150
+    assert len(r.content) < 128 * 1024  # not 150 MiB
