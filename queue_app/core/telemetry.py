@@ -77,7 +77,7 @@ _tracer = trace.get_tracer("queue_app") if trace is not None else None
 _NO_PROVIDER = (trace.ProxyTracerProvider, trace.NoOpTracerProvider) if trace is not None else ()
 
 
-def _tracing():
+def tracing():
     """Whether spans would go anywhere: the API is installed and a provider is set."""
     return trace is not None and not isinstance(trace.get_tracer_provider(), _NO_PROVIDER)
 
@@ -94,7 +94,7 @@ def _trace_id(span):
 def enqueuing(kind, queue_name, count=1):
     """A span around an enqueue, in the caller's trace; yields a callable that sets the
     job's id on it (``done(job, created)``)."""
-    if not _tracing():
+    if not tracing():
         yield _nothing
         return
     attributes = {"queue_app.kind": kind, "queue_app.queue": queue_name}
@@ -117,7 +117,7 @@ def _enqueued(span, job, created):
 
 def carrier():
     """The current trace context as W3C headers, to store with a new job (None: no trace)."""
-    if trace is None or not trace.get_current_span().get_span_context().is_valid:
+    if not tracing() or not trace.get_current_span().get_span_context().is_valid:
         return None
     headers = {}
     propagate.inject(headers)
@@ -150,7 +150,7 @@ def attempt(job, worker_id):
     """Around one attempt of ``job``: its log fields, and (with OpenTelemetry) a span that
     continues the trace the job was enqueued in."""
     fields = {**job_fields(job), "worker_id": worker_id}
-    if not _tracing():
+    if not tracing():
         token = _fields.set(fields)
         try:
             yield Attempt(None)

@@ -227,6 +227,8 @@ def enqueue(req, *, using=None):
     concurrent enqueues after the window still exactly one inserts. A debounce_key or
     unique_key goes through its AdmissionKey row instead (_debounce, _unique).
     """
+    if not telemetry.tracing():  # no span to open: skip the context manager's cost
+        return _enqueue(req, using)
     with telemetry.enqueuing(req.kind, req.queue_name) as traced:
         job, created = _enqueue(req, using)
         traced(job, created)
