@@ -489,7 +489,48 @@ def dependency_options(depends_on, policy=None, pass_result=None):
 
 def enqueue_request(kind, payload_value=None, /, now=None, *, reserved_ok=False, **options):
     """Validate enqueue() arguments and return an EnqueueRequest."""
-    return request(kind, payload_value, options, now or timezone.now(), reserved_ok=reserved_ok)
+    now = now or timezone.now()
+    return request(kind, payload_value, options, now, _shared_checks(options), reserved_ok=reserved_ok)
+
+
+# Never shared: options whose validated form depends on the moment of the enqueue (run_at
+# is moved up to now, run_after counts from it, a follow-up template's schedule too) or on
+# the webhook settings, and the keys most callers make unique per job (sharing their
+# checks would only fill the cache).
+_UNSHARED = (
+    "run_at",
+    "run_after",
+    "on_success",
+    "on_failure",
+    "webhook_url",
+    "idempotency_key",
+    "debounce_key",
+    "unique_key",
+)
+_SHARED_MAX = 1024
+_shared = {}
+
+
+def _shared_checks(options):
+    """The BatchChecks that single enqueues share in this process, for options that mean
+    the same at every call (most callers pass the same few, or none): a site's view calling
+    enqueue() validated them in full each time, most of that call's Python. Keyed by the
+    settings the options' defaults come from, so a changed setting is seen at once."""
+    if options and any(options.get(name) is not None for name in _UNSHARED):
+        return None
+    key = (
+        settings.DEFAULT_QUEUE,
+        settings.DEFAULT_MAX_ATTEMPTS,
+        settings.MAX_ATTEMPTS_LIMIT,
+        settings.MAX_TIMEOUT_SECONDS,
+    )
+    checks = _shared.get(key)
+    if checks is None or len(checks.options) + len(checks.kinds) > _SHARED_MAX:
+        # A process that enqueues endless distinct options or kinds starts over.
+        if len(_shared) > 8:
+            _shared.clear()
+        checks = _shared[key] = BatchChecks()
+    return checks
 
 
 class BatchChecks:

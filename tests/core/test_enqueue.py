@@ -413,3 +413,33 @@ def test_idempotency_keys_are_exact_strings_on_every_database():
     jobs = [enqueue("echo", idempotency_key=key) for key in ("Key", "key", "key ", "key")]
     assert [job.was_created for job in jobs] == [True, True, True, False]
     assert jobs[3].id == jobs[1].id
+
+
+# Single enqueues share their validated options within a process (validation._shared_checks):
+# what is shared must never let a changed setting, a bad payload or a bad kind through.
+
+
+def test_shared_option_checks_see_a_changed_default_at_once(settings):
+    assert enqueue("echo", {}, priority=3).queue_name == "default"
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "DEFAULT_QUEUE": "other", "DEFAULT_MAX_ATTEMPTS": 9}
+    job = enqueue("echo", {}, priority=3)
+    assert (job.queue_name, job.max_attempts) == ("other", 9)
+
+
+def test_shared_option_checks_still_check_each_payload_and_kind():
+    enqueue("echo", {"a": 1}, priority=5)
+    with pytest.raises(InvalidJob, match="payload"):
+        enqueue("echo", {"bad": {1, 2}}, priority=5)
+    with pytest.raises(InvalidJob, match="kind"):
+        enqueue("", {}, priority=5)
+    with pytest.raises(InvalidJob, match="priority"):
+        enqueue("echo", {}, priority=500)
+    assert Job.objects.count() == 1 and Event.objects.count() == 1
+
+
+def test_shared_option_checks_keep_each_call_its_own_values():
+    first = enqueue("echo", {"n": 1}, priority=7, concurrency_key="t1")
+    second = enqueue("other", {"n": 2}, priority=7, concurrency_key="t1")
+    third = enqueue("echo", {"n": 3}, priority=8, concurrency_key="t2")
+    got = [(j.kind, j.payload, j.priority, j.concurrency_key) for j in (first, second, third)]
+    assert got == [("echo", {"n": 1}, 7, "t1"), ("other", {"n": 2}, 7, "t1"), ("echo", {"n": 3}, 8, "t2")]
