@@ -106,14 +106,16 @@ class _Redacted:
 
     def get_object(self, request, object_id, from_field=None):
         found = super().get_object(request, object_id, from_field)
-        if found is None or request.user.has_perm(redaction.PERMISSION):
+        if found is None:
             return found
+        if request.user.has_perm(redaction.PERMISSION):
+            return redaction.revealed(found)  # its encrypted values decrypted
         return redaction.row(found)
 
     def get_changelist_instance(self, request):
         changelist = super().get_changelist_instance(request)
-        if not request.user.has_perm(redaction.PERMISSION):
-            changelist.result_list = redaction.rows(changelist.result_list, False)
+        unredacted = request.user.has_perm(redaction.PERMISSION)
+        changelist.result_list = redaction.rows(changelist.result_list, unredacted)
         return changelist
 
 
@@ -160,13 +162,12 @@ class _ReadOnlyInline(admin.TabularInline):
 
     def get_formset(self, request, obj=None, **kwargs):
         formset = super().get_formset(request, obj, **kwargs)
-        if request.user.has_perm(redaction.PERMISSION):
-            return formset
+        unredacted = request.user.has_perm(redaction.PERMISSION)
 
         class Redacted(formset):
             def get_queryset(self):
                 if not hasattr(self, "_redacted"):
-                    self._redacted = redaction.rows(super().get_queryset(), False)
+                    self._redacted = redaction.rows(super().get_queryset(), unredacted)
                 return self._redacted
 
         return Redacted

@@ -89,6 +89,12 @@ DEFAULTS = {
     # Attempts of one job that may end with its worker process dead (a crash, an OOM kill,
     # a timeout kill) before it is dead-lettered as "poison", whatever attempts it has left.
     "MAX_CRASHES": 3,
+    # Encrypted payloads (core/encryption.py): Fernet keys, the first encrypts and every
+    # one decrypts (rotation: put the new key first, run `manage.py reencrypt`, then drop
+    # the old one), and kind -> True (its whole payload) or [field names] for kinds not
+    # declared with encrypt= on their @handler or @task.
+    "ENCRYPTION_KEYS": (),
+    "ENCRYPTED_KINDS": {},
     # Seconds between sweeps for expired leases (one also runs at start-up).
     "RECOVERY_INTERVAL": 15.0,
     # Times recovery may give a job its attempt back because its row never showed the

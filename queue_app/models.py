@@ -498,6 +498,7 @@ class DeadLetter(models.Model):
     error = models.JSONField(null=True, blank=True)
     # "failed" (its attempts spent), "not_retryable", "poison" (MAX_CRASHES crashes), or
     # the kind's retry policy's "discarded: <type>" / "not in retry_on: <type>".
+    # "undecryptable payload": no key in ENCRYPTION_KEYS opens it.
     reason = models.CharField(max_length=200, default="failed")
     created_at = models.DateTimeField(default=timezone.now)
     resolved_at = models.DateTimeField(null=True, blank=True)

@@ -368,7 +368,7 @@ def _previewed(qs, **json_fields):
 
 
 def _shown(page, unredacted):
-    return page if unredacted else replace(page, rows=redaction.rows(page.rows, False))
+    return replace(page, rows=redaction.rows(page.rows, unredacted))
 
 
 def job_page(filters=None, *, before=None, size=None, now=None, unredacted=False):
@@ -393,8 +393,7 @@ def job_detail(job_id, *, unredacted=False):
     if found is None:
         return None
     events, letters = found.events.all(), found.dead_letters.all()
-    if not unredacted:
-        found = redaction.row(found)
+    found = redaction.revealed(found) if unredacted else redaction.row(found)
     return {
         "job": found,
         "events": redaction.rows(events, unredacted),
