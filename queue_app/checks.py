@@ -10,8 +10,9 @@ import re
 from django.conf import settings
 from django.core import checks
 
+from queue_app.conf import RUNTIME
 from queue_app.conf import settings as queue_settings
-from queue_app.core import encryption
+from queue_app.core import encryption, runtime
 
 SQLITE_FIX = (
     'Set DATABASES[{alias!r}]["OPTIONS"] = {{"transaction_mode": "IMMEDIATE", "timeout": 30, '
@@ -114,4 +115,16 @@ def encryption_options(app_configs=None, **kwargs):
                 id="queue_app.E005",
             )
         )
+    return out
+
+
+@checks.register()
+def runtime_options(app_configs=None, **kwargs):
+    """The settings `manage.py config` may change, as JOBQUEUE gives them: the same rule
+    and message as a refused `config set` (core/runtime.problem)."""
+    out = []
+    for name in RUNTIME:
+        message = runtime.problem(name, queue_settings.configured(name))
+        if message:
+            out.append(checks.Error(message, id="queue_app.E006"))
     return out

@@ -786,3 +786,39 @@ class Schedule(models.Model):
 
     def __str__(self):
         return f"{self.name} ({self.cron})"
+
+
+class RuntimeSetting(models.Model):
+    """A setting an operator changed while the queue runs (core/runtime.py): it overrides
+    JOBQUEUE's value in every process within RUNTIME_SETTINGS_TTL seconds."""
+
+    # The JOBQUEUE name, e.g. "LEASE_SECONDS" (conf.RUNTIME lists those allowed).
+    name = models.CharField(max_length=64, primary_key=True)
+    value = models.JSONField()
+    updated_at = models.DateTimeField(default=timezone.now)
+    updated_by = models.CharField(max_length=150, blank=True, default="")
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return f"{self.name} = {self.value!r}"
+
+
+class SettingChange(models.Model):
+    """One change of a runtime setting, kept as its audit trail: who, when, old -> new
+    (None: JOBQUEUE's value was in force, before a set or after an unset)."""
+
+    id = models.BigAutoField(primary_key=True)
+    name = models.CharField(max_length=64)
+    old = models.JSONField(null=True, blank=True)
+    new = models.JSONField(null=True, blank=True)
+    actor = models.CharField(max_length=150, blank=True, default="")
+    at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [models.Index(fields=["name", "-at"], name="queue_setting_change_name")]
+
+    def __str__(self):
+        return f"{self.name}: {self.old!r} -> {self.new!r}"
