@@ -822,3 +822,22 @@ class SettingChange(models.Model):
 
     def __str__(self):
         return f"{self.name}: {self.old!r} -> {self.new!r}"
+
+
+class KindCrashes(models.Model):
+    """Per kind, the attempts whose worker process died or was killed for its timeout,
+    and the jobs quarantined for it as "poison" (MAX_CRASHES): counted by the failing
+    edge (transitions.fail, crashed=True) in its transaction, so the dashboard and
+    /metrics read one small table, and pruning the jobs does not lower the totals."""
+
+    kind = models.CharField(max_length=KIND_MAX_LENGTH, primary_key=True)
+    crashes = models.BigIntegerField(default=0)
+    poisoned = models.BigIntegerField(default=0)
+    last_crash_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["kind"]
+        verbose_name_plural = "kind crashes"
+
+    def __str__(self):
+        return f"{self.kind}: {self.crashes} crash(es), {self.poisoned} poisoned"

@@ -50,7 +50,7 @@ from queue_app.core import follow_ups as chaining
 from queue_app.engines import rows
 from queue_app.engines.base import Fence
 from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound
-from queue_app.models import AdmissionKey, DeadLetter, Event, EventType, Job, State
+from queue_app.models import AdmissionKey, DeadLetter, Event, EventType, Job, KindCrashes, State
 
 log = logging.getLogger("queue_app")
 
@@ -868,6 +868,7 @@ def fail(
             crashes = {"crashes": (job.crashes or 0) + 1}
             if crashes["crashes"] >= settings.MAX_CRASHES:
                 retry, reason = False, "poison"
+            _count_crash(db, job.kind, now, poisoned=not retry and reason == "poison")
         if retry and job.attempts < job.max_attempts:
             seconds = (
                 retry_delay
@@ -1446,6 +1447,21 @@ def change_payload(job_id, payload, *, actor="", using=None):
         lambda job: {"previous_payload": job.payload},
         actor,
     )
+
+
+def _count_crash(db, kind, now, *, poisoned):
+    """One more crash of ``kind`` (KindCrashes), and one more poison pill if ``poisoned``:
+    in the failing edge's transaction, so the totals never disagree with the jobs."""
+    changes = {"crashes": F("crashes") + 1, "poisoned": F("poisoned") + int(poisoned), "last_crash_at": now}
+    if KindCrashes.objects.using(db).filter(kind=kind).update(**changes):
+        return
+    try:
+        with transaction.atomic(using=db):  # two first crashes of a kind at once: one inserts
+            KindCrashes.objects.using(db).create(
+                kind=kind, crashes=1, poisoned=int(poisoned), last_crash_at=now
+            )
+    except IntegrityError:
+        KindCrashes.objects.using(db).filter(kind=kind).update(**changes)
 
 
 def reencrypt(*, batch_size=500, using=None):

@@ -38,6 +38,7 @@ from queue_app.models import (
     Event,
     EventType,
     Job,
+    KindCrashes,
     Pause,
     PauseScope,
     State,
@@ -205,6 +206,12 @@ def pauses():
         field = "queue_name" if p.scope == PauseScope.QUEUE else "kind"
         out.append((p, Job.objects.pending().filter(**{field: p.name}).count()))
     return out
+
+
+def kind_crashes():
+    """Per kind, the attempts that crashed their worker process and the jobs quarantined
+    as poison (KindCrashes), most crashes first."""
+    return list(KindCrashes.objects.order_by("-crashes", "kind"))
 
 
 def queues(now=None):
