@@ -7,6 +7,7 @@ import json
 import pytest
 from cryptography.fernet import Fernet
 from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.db import connection
 
 from queue_app import enqueue
@@ -171,3 +172,27 @@ def test_bad_encryption_settings_fail_the_checks(settings):
 def test_a_bad_encrypt_option_is_refused_where_it_is_declared():
     with pytest.raises(TypeError, match="encrypt must be True"):
         registry.register("charge", print, encrypt=[1])
+
+
+def test_reencrypt_rotates_the_previous_payload_kept_on_an_edit_event(keys, seen):
+    job = enqueue("charge", {"card": CARD})
+    transitions.change_payload(job.id, {"card": CARD, "amount": 2})
+    keys(NEW, OLD)
+
+    counts = transitions.reencrypt()
+
+    assert (counts["jobs"], counts["events"]) == (1, 1)
+    keys(NEW)
+    event = job.events.get(type="payload_changed")
+    assert encryption.unseal(event.metadata["previous_payload"]) == {"card": CARD}
+
+
+def test_reencrypt_exits_1_naming_the_keys_when_no_key_opens_a_row(keys, seen):
+    enqueue("charge", {"card": CARD})
+    keys(NEW)
+
+    with pytest.raises(CommandError) as failed:
+        call_command("reencrypt")
+
+    assert failed.value.returncode == 1
+    assert "ENCRYPTION_KEYS" in str(failed.value)
