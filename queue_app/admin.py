@@ -17,8 +17,8 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from queue_app.conf import settings
-from queue_app.core import validation
+from queue_app.conf import RUNTIME, settings
+from queue_app.core import runtime, validation
 from queue_app.exceptions import InvalidJob
 from queue_app.models import (
     STATUSES,
@@ -30,7 +30,9 @@ from queue_app.models import (
     JobGroup,
     KindLimit,
     Pause,
+    RuntimeSetting,
     Schedule,
+    SettingChange,
     State,
     Worker,
 )
@@ -106,14 +108,16 @@ class _Redacted:
 
     def get_object(self, request, object_id, from_field=None):
         found = super().get_object(request, object_id, from_field)
-        if found is None or request.user.has_perm(redaction.PERMISSION):
+        if found is None:
             return found
+        if request.user.has_perm(redaction.PERMISSION):
+            return redaction.revealed(found)  # its encrypted values decrypted
         return redaction.row(found)
 
     def get_changelist_instance(self, request):
         changelist = super().get_changelist_instance(request)
-        if not request.user.has_perm(redaction.PERMISSION):
-            changelist.result_list = redaction.rows(changelist.result_list, False)
+        unredacted = request.user.has_perm(redaction.PERMISSION)
+        changelist.result_list = redaction.rows(changelist.result_list, unredacted)
         return changelist
 
 
@@ -160,13 +164,12 @@ class _ReadOnlyInline(admin.TabularInline):
 
     def get_formset(self, request, obj=None, **kwargs):
         formset = super().get_formset(request, obj, **kwargs)
-        if request.user.has_perm(redaction.PERMISSION):
-            return formset
+        unredacted = request.user.has_perm(redaction.PERMISSION)
 
         class Redacted(formset):
             def get_queryset(self):
                 if not hasattr(self, "_redacted"):
-                    self._redacted = redaction.rows(super().get_queryset(), False)
+                    self._redacted = redaction.rows(super().get_queryset(), unredacted)
                 return self._redacted
 
         return Redacted
@@ -701,3 +704,54 @@ class ApiKeyAdmin(QueueModelAdmin):
     def revoke(self, request, queryset):
         n = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
         messages.info(request, f"revoked {n} key(s); they are refused from now on")
+
+
+class RuntimeSettingForm(_ValidatedForm):
+    name = forms.ChoiceField(choices=[(s, f"{runtime.KEYS[s]} ({s})") for s in RUNTIME])
+    value = forms.CharField(help_text="A number; seconds settings also take 500ms, 30s, 5m, 1h.")
+
+    class Meta:
+        model = RuntimeSetting
+        fields = ["name", "value"]
+
+    def clean(self):
+        data = super().clean()
+        if data.get("name") and data.get("value") is not None:
+            setting = data["name"]
+            data["value"] = self._check(
+                runtime.check, setting, self._check(runtime.parse, setting, data["value"])
+            )
+        return data
+
+
+@admin.register(RuntimeSetting)
+class RuntimeSettingAdmin(QueueModelAdmin):
+    """Runtime settings (core/runtime.py): every save and delete goes through set_value()
+    and unset(), so each one is checked and leaves its SettingChange row."""
+
+    form = RuntimeSettingForm
+    list_display = ["name", "value", "configured", "updated_at", "updated_by"]
+    readonly_fields = ["updated_at", "updated_by"]
+
+    @admin.display(description="JOBQUEUE's value")
+    def configured(self, obj):
+        return settings.configured(obj.name)
+
+    def get_readonly_fields(self, request, obj=None):
+        return [*self.readonly_fields, "name"] if obj is not None else self.readonly_fields
+
+    def save_model(self, request, obj, form, change):
+        runtime.set_value(obj.name, form.cleaned_data["value"], actor=request.user.get_username())
+
+    def delete_model(self, request, obj):
+        runtime.unset(obj.name, actor=request.user.get_username())
+
+    def delete_queryset(self, request, queryset):
+        for obj in queryset:
+            self.delete_model(request, obj)
+
+
+@admin.register(SettingChange)
+class SettingChangeAdmin(_AppendOnly):
+    list_display = ["at", "name", "old", "new", "actor"]
+    list_filter = ["name"]

@@ -8,7 +8,8 @@ class QueueAppConfig(AppConfig):
 
     def ready(self):
         from queue_app import checks  # noqa: F401  (registers the system checks)
-        from queue_app.core import validation, webhooks
+        from queue_app.conf import settings
+        from queue_app.core import runtime, validation, webhooks
         from queue_app.handlers import registry
         from queue_app.worker import shell
 
@@ -16,3 +17,5 @@ class QueueAppConfig(AppConfig):
         # Refuses to run unless SHELL_JOBS is on where the worker runs.
         registry.register(validation.SHELL_KIND, shell.run)
         registry.load_configured_handlers()
+        # Runtime settings (manage.py config) override JOBQUEUE's from the database.
+        settings.use_store(runtime.load)

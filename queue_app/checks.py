@@ -10,7 +10,9 @@ import re
 from django.conf import settings
 from django.core import checks
 
+from queue_app.conf import RUNTIME
 from queue_app.conf import settings as queue_settings
+from queue_app.core import encryption, runtime
 
 SQLITE_FIX = (
     'Set DATABASES[{alias!r}]["OPTIONS"] = {{"transaction_mode": "IMMEDIATE", "timeout": 30, '
@@ -79,4 +81,50 @@ def redaction_options(app_configs=None, **kwargs):
                     id="queue_app.E002",
                 )
             )
+    return out
+
+
+@checks.register()
+def encryption_options(app_configs=None, **kwargs):
+    """ENCRYPTION_KEYS must be Fernet keys and ENCRYPTED_KINDS say True or field names:
+    a bad one would refuse every enqueue of an encrypted kind."""
+    out = []
+    keys = queue_settings.ENCRYPTION_KEYS
+    problem = encryption.check_keys(keys) if keys else None
+    if problem:
+        out.append(checks.Error(problem, id="queue_app.E003"))
+    kinds = queue_settings.ENCRYPTED_KINDS or {}
+    if not isinstance(kinds, dict):
+        out.append(
+            checks.Error(
+                f'JOBQUEUE["ENCRYPTED_KINDS"] must be a dict of kind -> True or field names, got {kinds!r}',
+                id="queue_app.E004",
+            )
+        )
+        kinds = {}
+    for kind, spec in kinds.items():
+        try:
+            encryption.spec_of(spec, f'JOBQUEUE["ENCRYPTED_KINDS"][{kind!r}]')
+        except TypeError as exc:
+            out.append(checks.Error(str(exc), id="queue_app.E004"))
+    if kinds and not keys:
+        out.append(
+            checks.Error(
+                'JOBQUEUE["ENCRYPTED_KINDS"] names kinds but JOBQUEUE["ENCRYPTION_KEYS"] is empty: '
+                "their jobs would be refused at enqueue",
+                id="queue_app.E005",
+            )
+        )
+    return out
+
+
+@checks.register()
+def runtime_options(app_configs=None, **kwargs):
+    """The settings `manage.py config` may change, as JOBQUEUE gives them: the same rule
+    and message as a refused `config set` (core/runtime.problem)."""
+    out = []
+    for name in RUNTIME:
+        message = runtime.problem(name, queue_settings.configured(name))
+        if message:
+            out.append(checks.Error(message, id="queue_app.E006"))
     return out

@@ -11,7 +11,12 @@ This is the only module that reads ``django.conf.settings`` for the queue; every
 else asks ``queue_app.conf.settings``. Values reload when a test overrides settings.
 """
 
+import logging
+import time
+
 from django.core.signals import setting_changed
+
+log = logging.getLogger("queue_app")
 
 DEFAULTS = {
     # Queue a job lands in when enqueue() is not told otherwise.
@@ -89,6 +94,12 @@ DEFAULTS = {
     # Attempts of one job that may end with its worker process dead (a crash, an OOM kill,
     # a timeout kill) before it is dead-lettered as "poison", whatever attempts it has left.
     "MAX_CRASHES": 3,
+    # Encrypted payloads (core/encryption.py): Fernet keys, the first encrypts and every
+    # one decrypts (rotation: put the new key first, run `manage.py reencrypt`, then drop
+    # the old one), and kind -> True (its whole payload) or [field names] for kinds not
+    # declared with encrypt= on their @handler or @task.
+    "ENCRYPTION_KEYS": (),
+    "ENCRYPTED_KINDS": {},
     # Seconds between sweeps for expired leases (one also runs at start-up).
     "RECOVERY_INTERVAL": 15.0,
     # Times recovery may give a job its attempt back because its row never showed the
@@ -223,7 +234,23 @@ DEFAULTS = {
     "WEB_WORKERS": None,
     "WEB_THREADS": 8,
     "WEB_TIMEOUT": 60,
+    # Seconds a process keeps the runtime settings (below) it read from the database
+    # before reading them again: how soon a `manage.py config set` reaches every worker,
+    # for one query per process per interval, never one per job.
+    "RUNTIME_SETTINGS_TTL": 2.0,
 }
+
+# What an operator may change while the queue runs (`manage.py config`, the admin, the
+# API: core/runtime.py). A value stored in the RuntimeSetting table wins over JOBQUEUE's.
+RUNTIME = (
+    "DEFAULT_MAX_ATTEMPTS",
+    "BACKOFF_BASE",
+    "BACKOFF_MAX_SECONDS",
+    "AGING_INTERVAL",
+    "LEASE_SECONDS",
+    "RECOVERY_INTERVAL",
+)
+_RUNTIME = frozenset(RUNTIME)
 
 
 class QueueSettings:
@@ -232,6 +259,11 @@ class QueueSettings:
     def __init__(self, defaults):
         self._defaults = defaults
         self._cache = {}
+        # The runtime settings' loader (set by the app: core/runtime.load), what it last
+        # returned, and until when (time.monotonic()) that stands.
+        self._store = None
+        self._stored = {}
+        self._stored_until = 0.0
 
     @property
     def _user(self):
@@ -242,12 +274,39 @@ class QueueSettings:
     def __getattr__(self, name):
         if name not in self._defaults:
             raise AttributeError(f"Invalid JOBQUEUE setting: {name!r}")
+        if name in _RUNTIME and self._store is not None:
+            stored = self.stored()
+            if name in stored:
+                return stored[name]
         if name not in self._cache:
             self._cache[name] = self._user.get(name, self._defaults[name])
         return self._cache[name]
 
+    def configured(self, name):
+        """``name``'s value from JOBQUEUE or the defaults, whatever the store says."""
+        return self._user.get(name, self._defaults[name])
+
+    def use_store(self, loader):
+        """Read the runtime settings with ``loader()`` -> {name: value} (None: not at all)."""
+        self._store = loader
+        self._stored, self._stored_until = {}, 0.0
+
+    def stored(self):
+        """The runtime settings in the store, read again once RUNTIME_SETTINGS_TTL has
+        passed. When the read fails (no table yet, the database away) the last values
+        stand and the next read waits a TTL too: a setting must not fail its caller."""
+        now = time.monotonic()
+        if now >= self._stored_until:
+            self._stored_until = now + float(self.RUNTIME_SETTINGS_TTL)
+            try:
+                self._stored = self._store()
+            except Exception as exc:
+                log.debug("runtime settings not read: %r", exc)
+        return self._stored
+
     def reload(self):
         self._cache.clear()
+        self._stored_until = 0.0
 
 
 settings = QueueSettings(DEFAULTS)

@@ -83,3 +83,15 @@ class WaitTimeout(QueueError, TimeoutError):
         self.job_id = job_id
         self.timeout = timeout
         self.state = state
+
+
+class UndecryptablePayload(QueueError):
+    """A stored payload holds a value that no key in ENCRYPTION_KEYS decrypts (the key
+    was removed, or the token was changed): running the job again cannot help."""
+
+    def __init__(self, error=None):
+        super().__init__(
+            'the payload cannot be decrypted: no key in JOBQUEUE["ENCRYPTION_KEYS"] opens it '
+            "(put the key it was encrypted with back in the list, then requeue the job)"
+        )
+        self.error = error

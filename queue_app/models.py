@@ -498,6 +498,7 @@ class DeadLetter(models.Model):
     error = models.JSONField(null=True, blank=True)
     # "failed" (its attempts spent), "not_retryable", "poison" (MAX_CRASHES crashes), or
     # the kind's retry policy's "discarded: <type>" / "not in retry_on: <type>".
+    # "undecryptable payload": no key in ENCRYPTION_KEYS opens it.
     reason = models.CharField(max_length=200, default="failed")
     created_at = models.DateTimeField(default=timezone.now)
     resolved_at = models.DateTimeField(null=True, blank=True)
@@ -785,3 +786,58 @@ class Schedule(models.Model):
 
     def __str__(self):
         return f"{self.name} ({self.cron})"
+
+
+class RuntimeSetting(models.Model):
+    """A setting an operator changed while the queue runs (core/runtime.py): it overrides
+    JOBQUEUE's value in every process within RUNTIME_SETTINGS_TTL seconds."""
+
+    # The JOBQUEUE name, e.g. "LEASE_SECONDS" (conf.RUNTIME lists those allowed).
+    name = models.CharField(max_length=64, primary_key=True)
+    value = models.JSONField()
+    updated_at = models.DateTimeField(default=timezone.now)
+    updated_by = models.CharField(max_length=150, blank=True, default="")
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return f"{self.name} = {self.value!r}"
+
+
+class SettingChange(models.Model):
+    """One change of a runtime setting, kept as its audit trail: who, when, old -> new
+    (None: JOBQUEUE's value was in force, before a set or after an unset)."""
+
+    id = models.BigAutoField(primary_key=True)
+    name = models.CharField(max_length=64)
+    old = models.JSONField(null=True, blank=True)
+    new = models.JSONField(null=True, blank=True)
+    actor = models.CharField(max_length=150, blank=True, default="")
+    at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [models.Index(fields=["name", "-at"], name="queue_setting_change_name")]
+
+    def __str__(self):
+        return f"{self.name}: {self.old!r} -> {self.new!r}"
+
+
+class KindCrashes(models.Model):
+    """Per kind, the attempts whose worker process died or was killed for its timeout,
+    and the jobs quarantined for it as "poison" (MAX_CRASHES): counted by the failing
+    edge (transitions.fail, crashed=True) in its transaction, so the dashboard and
+    /metrics read one small table, and pruning the jobs does not lower the totals."""
+
+    kind = models.CharField(max_length=KIND_MAX_LENGTH, primary_key=True)
+    crashes = models.BigIntegerField(default=0)
+    poisoned = models.BigIntegerField(default=0)
+    last_crash_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["kind"]
+        verbose_name_plural = "kind crashes"
+
+    def __str__(self):
+        return f"{self.kind}: {self.crashes} crash(es), {self.poisoned} poisoned"

@@ -174,3 +174,9 @@ def mark_flaky(context, path, n, failures=0):
     if context.attempt <= failures:
         raise TaskBoom(f"attempt {context.attempt} of {n}")
     return n
+
+
+@options_task(encrypt=("card",))
+def charge(card, amount=0):
+    """Its card argument is stored encrypted, by keyword or by position."""
+    return {"last4": card[-4:], "amount": amount}

@@ -44,13 +44,13 @@ from django.utils import timezone
 
 from queue_app import engines
 from queue_app.conf import settings
-from queue_app.core import backoff, flow, ordering, telemetry, validation, webhooks, workflows
+from queue_app.core import backoff, encryption, flow, ordering, telemetry, validation, webhooks, workflows
 from queue_app.core import events as events_
 from queue_app.core import follow_ups as chaining
 from queue_app.engines import rows
 from queue_app.engines.base import Fence
 from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound
-from queue_app.models import AdmissionKey, DeadLetter, Event, EventType, Job, State
+from queue_app.models import AdmissionKey, DeadLetter, Event, EventType, Job, KindCrashes, State
 
 log = logging.getLogger("queue_app")
 
@@ -441,7 +441,7 @@ def _unblock(db, job_ids, now, current=None):
         payload = workflows.passed_payload(db, job, current)
         if payload is not None:
             try:
-                changes["payload"] = validation.payload(payload)
+                changes["payload"] = validation.payload(_sealed(job, payload))
             except InvalidJob as exc:
                 # Too large with its dependencies' results: it runs without them rather
                 # than fail the end of the job that woke it.
@@ -868,6 +868,7 @@ def fail(
             crashes = {"crashes": (job.crashes or 0) + 1}
             if crashes["crashes"] >= settings.MAX_CRASHES:
                 retry, reason = False, "poison"
+            _count_crash(db, job.kind, now, poisoned=not retry and reason == "poison")
         if retry and job.attempts < job.max_attempts:
             seconds = (
                 retry_delay
@@ -1227,6 +1228,13 @@ def _refuse_delivery_edit(job):
         raise InvalidJob(f"job {job.id} is a webhook delivery: its payload cannot be replaced", "payload")
 
 
+def _sealed(job, payload):
+    """A replacement payload for ``job`` with what its kind (or its stored payload) has
+    encrypted encrypted (core/encryption.py), checked again for size."""
+    sealed = encryption.seal(job.kind, payload, like=job.payload)
+    return payload if sealed is payload else validation.payload(sealed)
+
+
 def requeue(job_id, *, payload=_UNSET, max_attempts=None, actor="", using=None):
     """Send a dead-lettered (or cancelled) job back to pending with a fresh budget."""
     if payload is not _UNSET:
@@ -1252,7 +1260,7 @@ def requeue(job_id, *, payload=_UNSET, max_attempts=None, actor="", using=None):
             meta["previous_crashes"] = job.crashes
         if payload is not _UNSET:
             _refuse_delivery_edit(job)
-            changes["payload"] = payload
+            changes["payload"] = _sealed(job, payload)
             meta["payload_replaced"] = True
             meta["previous_payload"] = job.payload
         if max_attempts is not None:
@@ -1434,8 +1442,61 @@ def change_payload(job_id, payload, *, actor="", using=None):
         job_id,
         {State.PENDING, State.DEAD_LETTER},
         "edit payload",
-        lambda job, now: _refuse_delivery_edit(job) or {"payload": payload},
+        lambda job, now: _refuse_delivery_edit(job) or {"payload": _sealed(job, payload)},
         EventType.PAYLOAD_CHANGED,
         lambda job: {"previous_payload": job.payload},
         actor,
     )
+
+
+def _count_crash(db, kind, now, *, poisoned):
+    """One more crash of ``kind`` (KindCrashes), and one more poison pill if ``poisoned``:
+    in the failing edge's transaction, so the totals never disagree with the jobs."""
+    changes = {"crashes": F("crashes") + 1, "poisoned": F("poisoned") + int(poisoned), "last_crash_at": now}
+    if KindCrashes.objects.using(db).filter(kind=kind).update(**changes):
+        return
+    try:
+        with transaction.atomic(using=db):  # two first crashes of a kind at once: one inserts
+            KindCrashes.objects.using(db).create(
+                kind=kind, crashes=1, poisoned=int(poisoned), last_crash_at=now
+            )
+    except IntegrityError:
+        KindCrashes.objects.using(db).filter(kind=kind).update(**changes)
+
+
+def reencrypt(*, batch_size=500, using=None):
+    """Re-encrypt every stored encrypted value (jobs' payloads, dead letters' copies, the
+    previous payloads on requeued and payload_changed events) under the first key of
+    ENCRYPTION_KEYS; return {"jobs": n, "dead_letters": n, "events": n, "tokens": n}
+    rewritten. A row no key opens raises UndecryptablePayload naming nothing else: fix
+    the keys and run it again (what was rotated stays rotated). No event: the values
+    are the same, only their encryption changes."""
+    db = _db(using)
+    counts = {"jobs": 0, "dead_letters": 0, "events": 0, "tokens": 0}
+    tables = (
+        ("jobs", Job.objects.using(db), "payload", encryption.DEPTH),
+        ("dead_letters", DeadLetter.objects.using(db), "payload", encryption.DEPTH),
+        (
+            "events",
+            Event.objects.using(db).filter(type__in=(EventType.REQUEUED, EventType.PAYLOAD_CHANGED)),
+            "metadata",
+            encryption.DEPTH + 1,  # metadata["previous_payload"]
+        ),
+    )
+    for name, qs, column, depth in tables:
+        last = 0
+        while True:
+            batch = list(qs.filter(id__gt=last).order_by("id").values_list("id", column)[:batch_size])
+            if not batch:
+                break
+            last = batch[-1][0]
+            with transaction.atomic(using=db):
+                for row_id, value in batch:
+                    if not encryption.holds_tokens(value, depth):
+                        continue
+                    new, n = encryption.rotated(value, depth)
+                    if n:
+                        qs.model.objects.using(db).filter(id=row_id).update(**{column: new})
+                        counts[name] += 1
+                        counts["tokens"] += n
+    return counts

@@ -14,7 +14,7 @@ from numbers import Real
 from django.utils import timezone
 
 from queue_app.conf import settings
-from queue_app.core import durations, urls
+from queue_app.core import durations, encryption, urls
 from queue_app.exceptions import InvalidJob
 from queue_app.models import (
     ADMISSION_KEY_MAX_LENGTH,
@@ -435,6 +435,8 @@ def template(value, field, now):
         enqueue_request(kind, body, now=now, **spec)
     except InvalidJob as exc:
         raise InvalidJob(f"{field}: {exc}", field) from None
+    if body is not None and encryption.declared(kind):
+        value = {**value, "payload": encryption.seal(kind, body)}
     return payload(value, field)
 
 
@@ -585,7 +587,8 @@ def request(kind, payload_value, options, now, checks=None, *, reserved_ok=False
                 "on the workers that run them (JOBQUEUE_SHELL_JOBS=1 in the example project)",
                 "kind",
             )
-        checked.extend(payload_json({} if payload_value is None else payload_value))
+        value = {} if payload_value is None else payload_value
+        checked.extend(payload_json(encryption.seal(kind, value) if encryption.declared(kind) else value))
 
     if fields is None:
         fields = enqueue_options(options, now, between=kind_and_payload)
@@ -678,7 +681,10 @@ def request_as(template, payload_value):
     """A copy of the validated request ``template`` holding ``payload_value``, which is
     validated here: for a caller that checked the other fields once for many jobs (the
     django.tasks backend, per Task). As in request(), the frozen __init__ is skipped."""
-    value, encoded = payload_json({} if payload_value is None else payload_value)
+    value = {} if payload_value is None else payload_value
+    if encryption.declared(template.kind):
+        value = encryption.seal(template.kind, value)
+    value, encoded = payload_json(value)
     req = object.__new__(EnqueueRequest)
     req.__dict__.update(template.__dict__)
     req.__dict__.update(payload=value, payload_json=encoded)

@@ -18,6 +18,7 @@ from django.tasks import Task
 from django.utils.module_loading import import_string
 
 from queue_app.conf import project_packages, settings
+from queue_app.core import encryption
 from queue_app.core.retrying import NONE, RetryPolicy
 from queue_app.exceptions import UnknownKind
 from queue_app.handlers import faults
@@ -27,12 +28,15 @@ _handlers = {}
 _policies = {}
 
 
-def register(kind, func, *, retry_on=None, discard_on=None, backoff=None):
+def register(kind, func, *, retry_on=None, discard_on=None, backoff=None, encrypt=None):
     """Make ``func`` run jobs of ``kind``. ``retry_on``: only these exceptions retry;
     ``discard_on``: these dead-letter at once; ``backoff(attempt, exception)``: seconds
-    before the retry, or None for the default (core/retrying.py). Raise TypeError for
+    before the retry, or None for the default (core/retrying.py); ``encrypt``: True or
+    the payload's field names stored encrypted (core/encryption.py). Raise TypeError for
     a bad option, before anything is registered."""
     policy = RetryPolicy(retry_on=retry_on, discard_on=discard_on, backoff=backoff)
+    encryption.spec_of(encrypt, f"{kind}: encrypt")
+    encryption.declare(kind, encrypt)
     _handlers[kind] = func
     if policy:
         _policies[kind] = policy
@@ -43,17 +47,24 @@ def register(kind, func, *, retry_on=None, discard_on=None, backoff=None):
 
 def handler(kind, **options):
     """Decorator form of register(): ``@handler("email", retry_on=(SMTPException,))``."""
+    encrypt = encryption.spec_of(options.pop("encrypt", None), f"{kind}: encrypt")
     policy = RetryPolicy(**options)  # checked where it is written, not at the first failure
 
     def decorate(func):
         return register(
-            kind, func, retry_on=policy.retry_on, discard_on=policy.discard_on, backoff=policy.backoff
+            kind,
+            func,
+            retry_on=policy.retry_on,
+            discard_on=policy.discard_on,
+            backoff=policy.backoff,
+            encrypt=encrypt,
         )
 
     return decorate
 
 
 def unregister(kind):
+    encryption.declare(kind, None)
     _handlers.pop(kind, None)
     _policies.pop(kind, None)
 
@@ -85,7 +96,7 @@ def task_policy(task):
 def override(handlers=None, /, **more):
     """Register ``handlers`` ({kind: func}) for the block, then put back what was there
     before (also what the block itself registered or unregistered): for tests."""
-    before, policies = dict(_handlers), dict(_policies)
+    before, policies, sealed = dict(_handlers), dict(_policies), encryption.declarations()
     try:
         for kind, func in {**(handlers or {}), **more}.items():
             register(kind, func)
@@ -95,6 +106,7 @@ def override(handlers=None, /, **more):
         _handlers.update(before)
         _policies.clear()
         _policies.update(policies)
+        encryption.restore(sealed)
 
 
 def get(kind):

@@ -244,6 +244,11 @@ def queues(now=None):
     return rows
 
 
+def crashes():
+    """The queues page's crashes panel: per kind, crashes and poison pills (reads.kind_crashes)."""
+    return reads.kind_crashes()
+
+
 def limits():
     """The queues page's limits panel: each kind limit with what it holds back now."""
     return [

@@ -48,6 +48,7 @@ from queue_app.models import (
     EventType,
     Job,
     JobDuration,
+    KindCrashes,
     MetricsCheckpoint,
     State,
     Worker,
@@ -81,6 +82,7 @@ class Snapshot:
     workers: dict  # worker state -> count
     dead_letters: int
     db_reconnects: int = 0  # database outages the workers waited out, over all Worker rows
+    crashes: dict = None  # kind -> (attempts that crashed their process, jobs quarantined as poison)
 
 
 def _db(using):
@@ -230,6 +232,9 @@ def snapshot(*, using=None, now=None):
     durations = {d.kind: (d.buckets, d.count, d.sum) for d in JobDuration.objects.using(db).all()}
     for kind in durations:
         kind_totals.setdefault(kind, 0)
+    crashed = {k.kind: (k.crashes, k.poisoned) for k in KindCrashes.objects.using(db).all()}
+    for kind in crashed:
+        kind_totals.setdefault(kind, 0)
     kinds = _keep(kind_totals, set(registry.kinds()) | {OTHER}, settings.METRICS_MAX_KINDS)
     queues = _keep(queue_totals, {settings.DEFAULT_QUEUE}, settings.METRICS_MAX_QUEUES)
     jobs = dict.fromkeys(State.values, 0)
@@ -267,6 +272,11 @@ def snapshot(*, using=None, now=None):
         folded[key] = ([a + b for a, b in zip(prev[0], buckets)], prev[1] + count, prev[2] + total)
     for kind in kinds:
         folded.setdefault(kind, ([0] * (len(bounds) + 1), 0, 0.0))
+    crashes = dict.fromkeys(kinds, (0, 0))
+    for kind, (n, poisoned) in crashed.items():
+        key = kind if kind in kinds else OTHER
+        prev = crashes.get(key, (0, 0))
+        crashes[key] = (prev[0] + n, prev[1] + poisoned)
     return Snapshot(
         at=now,
         jobs=jobs,
@@ -281,6 +291,7 @@ def snapshot(*, using=None, now=None):
         workers={s: n for s, n in reads.worker_counts(using=db, now=now).items() if s in WORKER_STATES},
         dead_letters=DeadLetter.objects.using(db).unresolved().count(),
         db_reconnects=Worker.objects.using(db).aggregate(n=Sum("db_reconnects"))["n"] or 0,
+        crashes=crashes,
     )
 
 
@@ -346,6 +357,21 @@ def families(snap):
         f.add_metric([state], snap.workers.get(state, 0))
     yield f
     yield GaugeMetricFamily("jobqueue_dead_letters", "Unresolved dead letters.", value=snap.dead_letters)
+    f = CounterMetricFamily(
+        "jobqueue_job_crashes",
+        "Attempts whose worker process died or was killed for its timeout, by kind.",
+        labels=["kind"],
+    )
+    g = CounterMetricFamily(
+        "jobqueue_poison_jobs",
+        "Jobs dead-lettered as poison (MAX_CRASHES crashes), by kind.",
+        labels=["kind"],
+    )
+    for kind, (n, poisoned) in sorted((snap.crashes or {}).items()):
+        f.add_metric([kind], n)
+        g.add_metric([kind], poisoned)
+    yield f
+    yield g
     yield CounterMetricFamily(
         "jobqueue_db_reconnects",
         "Database outages workers waited out (each one a lost connection or refused writes, then a"

@@ -38,6 +38,7 @@ from queue_app.models import (
     Event,
     EventType,
     Job,
+    KindCrashes,
     Pause,
     PauseScope,
     State,
@@ -207,6 +208,12 @@ def pauses():
     return out
 
 
+def kind_crashes():
+    """Per kind, the attempts that crashed their worker process and the jobs quarantined
+    as poison (KindCrashes), most crashes first."""
+    return list(KindCrashes.objects.order_by("-crashes", "kind"))
+
+
 def queues(now=None):
     """Per queue and kind: live jobs by status (waiting on dependencies, ready, later:
     scheduled or retrying, paused, leased, dead letter), the oldest ready job's run_at (a paused queue's jobs are
@@ -368,7 +375,7 @@ def _previewed(qs, **json_fields):
 
 
 def _shown(page, unredacted):
-    return page if unredacted else replace(page, rows=redaction.rows(page.rows, False))
+    return replace(page, rows=redaction.rows(page.rows, unredacted))
 
 
 def job_page(filters=None, *, before=None, size=None, now=None, unredacted=False):
@@ -393,8 +400,7 @@ def job_detail(job_id, *, unredacted=False):
     if found is None:
         return None
     events, letters = found.events.all(), found.dead_letters.all()
-    if not unredacted:
-        found = redaction.row(found)
+    found = redaction.revealed(found) if unredacted else redaction.row(found)
     return {
         "job": found,
         "events": redaction.rows(events, unredacted),

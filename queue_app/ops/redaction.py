@@ -21,6 +21,7 @@ import re
 from functools import lru_cache
 
 from queue_app.conf import settings
+from queue_app.core import encryption
 
 PERMISSION = "queue_app.view_unredacted_payload"
 MARKER = "[redacted]"
@@ -60,8 +61,12 @@ def text(value):
 
 
 def redact(value):
-    """A copy of JSON ``value`` with secret keys' values and pattern matches replaced."""
+    """A copy of JSON ``value`` with secret keys' values and pattern matches replaced,
+    and encrypted values shown as ``[encrypted]``."""
     if isinstance(value, dict):
+        if encryption.MARKER in value:
+            rest = {k: redact(v) for k, v in value.items() if k != encryption.MARKER}
+            return {**rest, encryption.MARKER: encryption.SHOWN} if rest else encryption.SHOWN
         return {k: MARKER if secret_key(k) else redact(v) for k, v in value.items()}
     if isinstance(value, list):
         return [redact(v) for v in value]
@@ -75,6 +80,7 @@ def preview(value):
     the first secret key's value, and pattern matches are replaced."""
     if not isinstance(value, str) or not value:
         return value
+    value = sealed_preview(value)
     for match in _STRING.finditer(value):
         colon = _COLON.match(value, match.end())
         if colon is None:
@@ -86,6 +92,18 @@ def preview(value):
         if secret_key(key):
             return text(value[: colon.end()]) + f' "{MARKER}"…'
     return text(value)
+
+
+# An encrypted value in a preview, maybe cut short: only its marker is shown, to anyone.
+_TOKEN = re.compile(r'\{"' + re.escape(encryption.MARKER) + r'":\s*"[A-Za-z0-9_=-]*(?:"\s*\}?)?')
+
+
+def sealed_preview(value):
+    """A preview with its encrypted values shown as ``[encrypted]`` (a cut token cannot
+    be opened, so an unredacted preview shows that too)."""
+    if not isinstance(value, str) or encryption.MARKER not in value:
+        return value
+    return _TOKEN.sub(f'"{encryption.SHOWN}"', value)
 
 
 # Fields of each model that carry what a handler, its caller or its output put there.
@@ -111,16 +129,32 @@ def row(obj):
     return shown
 
 
+def revealed(obj):
+    """A Job, Event or DeadLetter (or a list row) as a caller with PERMISSION sees it:
+    as stored, with encrypted values decrypted. ``obj`` itself when it holds none."""
+    loaded = obj.__dict__
+    json_fields = [n for n in _JSON_FIELDS if n in loaded and encryption.holds_tokens(loaded[n])]
+    previews = [n for n in _PREVIEWS if isinstance(loaded.get(n), str) and encryption.MARKER in loaded[n]]
+    if not json_fields and not previews:
+        return obj
+    shown = copy.copy(obj)
+    for name in json_fields:
+        shown.__dict__[name] = encryption.revealed(loaded[name])
+    for name in previews:
+        shown.__dict__[name] = sealed_preview(loaded[name])
+    return shown
+
+
 def rows(objs, unredacted):
-    """``objs`` as shown: themselves when ``unredacted``, else each one's row()."""
-    return list(objs) if unredacted else [row(o) for o in objs]
+    """``objs`` as shown: each one's revealed() when ``unredacted``, else its row()."""
+    return [revealed(o) for o in objs] if unredacted else [row(o) for o in objs]
 
 
 def data(value, unredacted):
     """A CLI dict (or list of them) as shown: every string pattern-checked, and the
     JSON columns' secret keys replaced."""
     if unredacted:
-        return value
+        return _revealed_data(value)
     if isinstance(value, list):
         return [data(v, False) for v in value]
     if isinstance(value, dict):
@@ -133,3 +167,20 @@ def data(value, unredacted):
             for k, v in value.items()
         }
     return text(value)
+
+
+def _revealed_data(value):
+    if isinstance(value, list):
+        return [_revealed_data(v) for v in value]
+    if isinstance(value, dict):
+        return {
+            k: encryption.revealed(v)
+            if k in (*_JSON_FIELDS, "output")
+            else sealed_preview(v)
+            if k in _PREVIEWS
+            else _revealed_data(v)
+            if isinstance(v, dict | list)
+            else v
+            for k, v in value.items()
+        }
+    return value

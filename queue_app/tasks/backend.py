@@ -31,6 +31,10 @@ sets ``backoff_function``). They are code, not job fields: the worker reads them
 the task its job's kind names, so they belong to the task's definition (``@task(...)``
 or ``with_options``), and ``.using()`` keeps them but cannot set them.
 
+``encrypt=True`` stores the task's arguments encrypted, ``encrypt=("card",)`` the
+arguments of those parameters, by keyword or position (core/encryption.py); like the
+retry options it belongs to the definition.
+
 ``on_success`` / ``on_failure`` name the follow-up job chaining.py enqueues when the
 job completes / is dead-lettered: another Task (run with no arguments, at its own
 priority and queue, with its own options; a ``parent`` parameter, if it has one,
@@ -38,6 +42,7 @@ receives the parent's outcome) or a job template dict ``{"kind": ..., "payload":
 ...options}`` as enqueue() takes it.
 """
 
+import inspect
 from collections.abc import Callable
 from dataclasses import InitVar, dataclass, fields, replace
 
@@ -55,7 +60,7 @@ from django.utils import timezone
 from django.utils.json import normalize_json
 
 from queue_app.conf import settings
-from queue_app.core import transitions, validation, webhooks
+from queue_app.core import encryption, transitions, validation, webhooks
 from queue_app.core.retrying import RetryPolicy
 from queue_app.exceptions import InvalidJob, UnknownKind
 from queue_app.handlers import registry
@@ -78,6 +83,7 @@ EXTRA_FIELDS = (
     *BACKOFF_FIELDS,
     *RETRY_FIELDS,
     *validation.ADMISSION_FIELDS,
+    "encrypt",
 )
 # A follow-up Task's own options that go into its template (not idempotency_key: one
 # key would make every follow-up after the first return the first; not unique_for).
@@ -180,6 +186,9 @@ class QueueTask(Task):
     debounce_mode: str | None = None
     unique_key: str | None = None
     unique_while: str | tuple | None = None
+    # True: the task's arguments are stored encrypted; parameter names: those arguments,
+    # by keyword or by position (core/encryption.py; JOBQUEUE["ENCRYPTION_KEYS"]).
+    encrypt: bool | tuple = ()
     # ``@task(backoff=3)`` or ``backoff={"base": 3, "max": 600}``: sets the backoff_*
     # fields; ``backoff=function``: sets backoff_function.
     backoff: InitVar[float | dict | Callable | None] = None
@@ -193,6 +202,8 @@ class QueueTask(Task):
         )
         object.__setattr__(self, "retry_on", policy.retry_on)
         object.__setattr__(self, "discard_on", policy.discard_on)
+        spec = encryption.spec_of(self.encrypt, f"{self.module_path}: encrypt")
+        object.__setattr__(self, "encrypt", () if spec is None else spec)
         Task.__post_init__(self)
 
     def using(
@@ -347,6 +358,12 @@ class DatabaseBackend(BaseTaskBackend):
                     task.unique_for, "unique_for", maximum=validation.MAX_SCHEDULE_AHEAD.total_seconds()
                 )
             validation.concurrency_key(getattr(task, "concurrency_key", None))
+            encrypt = getattr(task, "encrypt", ())
+            if encrypt:
+                params = [] if encrypt is True else list(inspect.signature(task.func).parameters)
+                if task.takes_context and params:
+                    params = params[1:]  # the TaskContext is not among the stored args
+                encryption.declare(task.module_path, encrypt, params)
             now = timezone.now()
             for field in FOLLOW_UP_FIELDS:
                 validation.template(follow_up(getattr(task, field, None), field), field, now)

@@ -20,7 +20,7 @@ from ninja.security import APIKeyHeader, SessionAuthIsStaff
 from pydantic import ConfigDict, StrictBool
 
 from queue_app.conf import settings
-from queue_app.core import aborting, canvas, durations, enqueueing, flow, transitions, validation
+from queue_app.core import aborting, canvas, durations, enqueueing, flow, runtime, transitions, validation
 from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound, UnknownKind, WaitTimeout
 from queue_app.handlers import registry
 from queue_app.models import (
@@ -807,6 +807,56 @@ def delete_pause(
             404, {"error": f"{'queue' if queue else 'kind'} {queue or kind!r} is not paused", "field": None}
         )
     return {"resumed": queue or kind}
+
+
+# --- runtime settings (core/runtime.py) --------------------------------------------------
+
+
+class RuntimeSettingOut(Schema):
+    name: str  # the operator's name, e.g. "lease-seconds"
+    setting: str  # the JOBQUEUE name, e.g. "LEASE_SECONDS"
+    value: float | int  # in force: the stored value, else JOBQUEUE's
+    configured: float | int  # JOBQUEUE's (or the default)
+    source: Literal["store", "settings"]
+    updated_at: datetime | None
+    updated_by: str
+
+
+class RuntimeSettingIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+    # A number, or for a seconds setting a duration such as "30s" or "5m".
+    value: float | int | str
+
+
+SettingName = Path(..., min_length=1, max_length=64, pattern=r"^[A-Za-z_-]+$")
+
+
+@api.get("/config", response={200: list[RuntimeSettingOut], **REFUSALS}, tags=["queue"])
+def list_config(request: HttpRequest):
+    """The runtime settings: each one's value in force and where it comes from."""
+    _need_view(request, "queue_app.view_runtimesetting")
+    return runtime.entries()
+
+
+@api.put("/config/{name}", response={200: RuntimeSettingOut, **WRITE_REFUSALS}, tags=["queue"])
+def set_config(request: HttpRequest, body: RuntimeSettingIn, name: str = SettingName):
+    """Store a runtime setting's value: every worker uses it within RUNTIME_SETTINGS_TTL
+    seconds. 400 with the settings check's message for a bad value."""
+    actor = _need(request, "queue_app.change_runtimesetting")
+    return runtime.set_value(name, body.value, actor=actor)
+
+
+@api.delete(
+    "/config/{name}", response={200: RuntimeSettingOut, **WRITE_REFUSALS, 404: Refused}, tags=["queue"]
+)
+def unset_config(request: HttpRequest, name: str = SettingName):
+    """Go back to JOBQUEUE's value; 404 when none was stored."""
+    actor = _need(request, "queue_app.delete_runtimesetting")
+    found = runtime.unset(name, actor=actor)
+    if found is None:
+        return Status(404, {"error": f"{name!r} has no stored value", "field": "name"})
+    return found
 
 
 # --- workflows: groups (canvas.py, ops/workflows.py) -------------------------------------------

@@ -280,7 +280,12 @@ def worker_stop(request, worker_id):
 
 @_perm("queue_app.view_job")
 def queues(request):
-    context = {"nav": "queues", "rows": dashboard.queues(), "limits": dashboard.limits()}
+    context = {
+        "nav": "queues",
+        "rows": dashboard.queues(),
+        "limits": dashboard.limits(),
+        "crashes": dashboard.crashes(),
+    }
     return _page(request, "queues.html", context)
 
 

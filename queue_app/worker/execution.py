@@ -16,14 +16,24 @@ from typing import NamedTuple
 from django.utils import timezone
 
 from queue_app.conf import settings
-from queue_app.core import events, telemetry, transitions, validation
-from queue_app.exceptions import NotStarted, Snooze, TooManySnoozes, UnknownKind, UnstorableResult
+from queue_app.core import encryption, events, telemetry, transitions, validation
+from queue_app.exceptions import (
+    NotStarted,
+    Snooze,
+    TooManySnoozes,
+    UndecryptablePayload,
+    UnknownKind,
+    UnstorableResult,
+)
 from queue_app.handlers import context as running
 from queue_app.handlers import registry
 from queue_app.tasks import running as task_running
 from queue_app.worker import capture
 
 log = logging.getLogger("queue_app")
+
+# A dead letter's reason when no key in ENCRYPTION_KEYS opens the job's payload.
+UNDECRYPTABLE = "undecryptable payload"
 
 
 def default_worker_id():
@@ -37,6 +47,9 @@ def call_handler(job, *, worker_id=None, abort_probe=None):
     whatever it returned or raised, if the job's abort was requested by the time it ended.
     """
     func = registry.get(job.kind)
+    if encryption.holds_tokens(job.payload):
+        # Only here and for callers allowed to see it is an encrypted payload opened.
+        job.payload = encryption.unseal(job.payload)
     with running.activate(job, worker_id=worker_id or job.lease_owner, abort_probe=abort_probe) as ctx:
         try:
             result = _call(func, job)
@@ -101,6 +114,9 @@ def failure(job, exc):
     if isinstance(exc, UnknownKind):
         # Retrying cannot help until someone deploys a handler: dead-letter at once.
         return Failure(events.error_info(exc), False)
+    if isinstance(exc, UndecryptablePayload):
+        # No key opens it, and none will by retrying: dead-letter at once, saying why.
+        return Failure(events.error_info(exc), False, UNDECRYPTABLE)
     error = events.error_info(exc, traceback.format_exc())
     # The kind's retry_on / discard_on / backoff (its @handler or @task).
     policy = registry.policy(job.kind)

@@ -19,7 +19,7 @@ import signal
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from django.db import close_old_connections, connection, connections
 from django.utils import timezone
@@ -58,6 +58,9 @@ class Options:
     max_runtime: float = None
     burst: bool = None
     name: str = None
+    # The knobs resolved() took from runtime settings (no flag set them): current()
+    # reads those again, so `manage.py config set` reaches a running worker.
+    from_settings: frozenset = frozenset()
 
     def resolved(self):
         """Return a copy with every unset knob filled from settings."""
@@ -83,7 +86,37 @@ class Options:
             max_runtime=self.max_runtime if self.max_runtime is not None else settings.WORKER_MAX_RUNTIME,
             burst=bool(self.burst if self.burst is not None else settings.WORKER_BURST),
             name=self.name or execution.default_worker_id(),
+            from_settings=frozenset(
+                knob
+                for knob, given in (
+                    ("lease", self.lease),
+                    ("aging", self.aging),
+                    ("recovery_interval", self.recovery_interval),
+                    (
+                        "heartbeat",
+                        self.heartbeat if self.heartbeat is not None else settings.HEARTBEAT_INTERVAL,
+                    ),
+                )
+                if given is None
+            ),
         )
+
+    def current(self):
+        """These options with the knobs from runtime settings read again (conf caches
+        them for RUNTIME_SETTINGS_TTL, so this costs no query); self when none changed."""
+        if not self.from_settings:
+            return self
+        knobs = {
+            "lease": float(settings.LEASE_SECONDS),
+            "aging": float(settings.AGING_INTERVAL),
+            "recovery_interval": float(settings.RECOVERY_INTERVAL),
+        }
+        changes = {k: v for k, v in knobs.items() if k in self.from_settings and getattr(self, k) != v}
+        if "heartbeat" in self.from_settings:
+            heartbeat = changes.get("lease", self.lease) / 3
+            if heartbeat != self.heartbeat:
+                changes["heartbeat"] = heartbeat
+        return replace(self, **changes) if changes else self
 
 
 def run_once(options=None, *, worker_id=None):
@@ -190,6 +223,7 @@ class Loop:
                     self._flush_acks()
                     return None
                 try:
+                    self.options = self.options.current()  # runtime settings (core/runtime.py)
                     asked = time.monotonic()
                     jobs = self._settle_and_claim(limit)
                     if self.claim_errors:

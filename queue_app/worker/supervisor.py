@@ -200,6 +200,10 @@ class Supervisor:
         next_stop_check = time.monotonic() + STOP_CHECK
         while True:
             now = time.monotonic()
+            if o is not self.options:  # runtime settings changed (_heartbeat)
+                o = self.options
+                next_beat = min(next_beat, now + o.heartbeat)
+                next_recovery = min(next_recovery, now + o.recovery_interval)
             if self.signals >= 2:
                 return self._stop_now()
             if self.signals and not self.stopping:
@@ -509,6 +513,7 @@ class Supervisor:
     # --- database chores -----------------------------------------------------------------
 
     def _heartbeat(self):
+        self.options = self.options.current()  # runtime settings (core/runtime.py)
         in_hand = 0
         for child in list(self.children.values()):
             self._take_back_waiting(child)

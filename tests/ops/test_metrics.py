@@ -24,6 +24,8 @@ FAMILIES = [
     "jobqueue_job_duration_seconds",
     "jobqueue_workers",
     "jobqueue_dead_letters",
+    "jobqueue_job_crashes",
+    "jobqueue_poison_jobs",
     "jobqueue_db_reconnects",
 ]
 

@@ -16,7 +16,17 @@ from django.urls import reverse
 from django.utils import timezone
 
 from queue_app.core import canvas
-from queue_app.models import ApiKey, Event, Job, Pause, PauseScope, Schedule, Worker
+from queue_app.models import (
+    ApiKey,
+    Event,
+    Job,
+    Pause,
+    PauseScope,
+    RuntimeSetting,
+    Schedule,
+    SettingChange,
+    Worker,
+)
 from queue_app.web import api as api_module
 from queue_app.web import auth
 from queue_app.web import urls as dashboard_urls
@@ -24,7 +34,15 @@ from tests.factories import DeadLetterFactory, JobFactory, WorkerFactory, make_s
 
 pytestmark = pytest.mark.django_db
 
-VIEW = ["view_job", "view_event", "view_deadletter", "view_worker", "view_pause", "view_schedule"]
+VIEW = [
+    "view_job",
+    "view_event",
+    "view_deadletter",
+    "view_worker",
+    "view_pause",
+    "view_schedule",
+    "view_runtimesetting",
+]
 CHANGE = [
     *VIEW,
     "add_job",
@@ -34,6 +52,8 @@ CHANGE = [
     "add_pause",
     "delete_pause",
     "change_schedule",
+    "change_runtimesetting",
+    "delete_runtimesetting",
 ]
 
 
@@ -99,6 +119,9 @@ API = [
     ("resume", "operate", "delete", "/api/pauses?queue=mail", None, 200),
     ("create group", "enqueue", "post", "/api/groups", {"jobs": [{"kind": "echo"}]}, 201),
     ("get group", "read", "get", "/api/groups/{group}", None, 200),
+    ("runtime settings", "read", "get", "/api/config", None, 200),
+    ("set runtime setting", "operate", "put", "/api/config/{setting}", {"value": 60}, 200),
+    ("unset runtime setting", "operate", "delete", "/api/config/{setting}", None, 200),
 ]
 
 # The dashboard: "login" is a redirect to the admin's login page, "done" a redirect back
@@ -160,12 +183,14 @@ def world():
     Pause.objects.create(scope=PauseScope.QUEUE, name="mail")
     Schedule.objects.create(name="nightly", cron="0 3 * * *", kind="echo")
     group = canvas.group([{"kind": "echo", "payload": {}}])
+    RuntimeSetting.objects.create(name="LEASE_SECONDS", value=45.0)
     return {
         "pending": pending.id,
         "dead": letter.job_id,
         "letter": letter.id,
         "worker": worker.id,
         "group": group.id,
+        "setting": "lease-seconds",
     }
 
 
@@ -177,6 +202,8 @@ def fingerprint():
         sorted(Pause.objects.values_list("scope", "name")),
         sorted(Worker.objects.values_list("id", "stop_requested_at")),
         sorted(Schedule.objects.values_list("name", "enabled")),
+        sorted(RuntimeSetting.objects.values_list("name", "value")),
+        SettingChange.objects.count(),
     )
 
 
@@ -233,7 +260,13 @@ def test_dashboard(client, world, principal, endpoint):
 
 
 def test_the_matrix_covers_every_api_operation_and_dashboard_view():
-    ids = {"{pending}": "{job_id}", "{dead}": "{job_id}", "{letter}": "{letter_id}", "{group}": "{group_id}"}
+    ids = {
+        "{pending}": "{job_id}",
+        "{dead}": "{job_id}",
+        "{letter}": "{letter_id}",
+        "{group}": "{group_id}",
+        "{setting}": "{name}",
+    }
 
     def template(path):
         path = path.removeprefix("/api").split("?")[0]
