@@ -90,6 +90,9 @@ class EventType(models.TextChoices):
     # A waiting job's dependency failed and its policy is hold: it stays waiting until
     # an operator requeues (runs) or cancels it.
     HELD = "held"
+    # A job cancelled or held because a dependency failed waits again: that dependency
+    # (metadata ``after``) was requeued, or was itself revived.
+    REVIVED = "revived"
     # An operator asked a running job to stop (cancel_requested_at set); it stays leased
     # until its handler returns or, after the abort grace, its process is killed.
     ABORT_REQUESTED = "abort_requested"

@@ -15,6 +15,8 @@ job and appends exactly one Event row. Nothing else writes Job.state, Event or D
                                            cancelled (abort requested)
     requeue           dead_letter|cancelled pending                requeued
                       waiting (held)
+    revive            cancelled (by a      waiting                 revived    (the job it failed for
+                      dependency), waiting (held)                             was requeued; down the line)
     cancel            pending|waiting      cancelled               cancelled  (leased: request_abort)
     (enqueue)         (new, depends_on)    waiting                 enqueued
     unblock           waiting              pending                 unblocked  (its last dependency ended)
@@ -423,6 +425,8 @@ def _enqueue_waiting(db, req, now):
         then = workflows.at_enqueue(req.depends, states)
         if then == "cancel":
             cancel(job.id, actor="workflow", reason="a job it depends on had failed", using=db)
+            failed = [i for i, st in states.items() if st in (State.DEAD_LETTER, State.CANCELLED)]
+            workflows.dropped(db, job.id, min(failed))
         elif then == "hold":
             _hold(db, job.id, None, now)
         elif then == "wake":
@@ -483,6 +487,10 @@ def _workflow(db, job, state, now, result, error):
         # One claimed or ended meanwhile settles on its own.
         with suppress(InvalidTransition):
             cancel(other, actor="workflow", reason=f"job {job.id} ended {state}", using=db)
+    for other in plan.drop:
+        with suppress(InvalidTransition):
+            cancel(other, actor="workflow", reason=f"job {job.id} ended {state}", using=db)
+            workflows.dropped(db, other, job.id)
     for other in plan.hold:
         _hold(db, other, job.id, now)
     if plan.wake:
@@ -1258,6 +1266,8 @@ def requeue(job_id, *, payload=_UNSET, max_attempts=None, actor="", using=None):
         if max_attempts is not None:
             changes["max_attempts"] = max_attempts
             meta["previous_max_attempts"] = job.max_attempts
+        if job.depends:
+            changes["depends"] = workflows.cleared(job.depends)
         Job.objects.using(db).filter(id=job.id).update(**changes)
         DeadLetter.objects.using(db).filter(job_id=job.id, resolved_at__isnull=True).update(
             resolved_at=now, resolution="requeued"
@@ -1271,8 +1281,39 @@ def requeue(job_id, *, payload=_UNSET, max_attempts=None, actor="", using=None):
             worker=actor,
             metadata=meta,
         ).save(using=db)
+        if job.in_workflow and job.state in (State.DEAD_LETTER, State.CANCELLED):
+            _revive(db, job.id, now, actor)
     job.refresh_from_db(using=db)
     return job
+
+
+def _revive(db, upstream_id, now, actor):
+    """The dependents ``upstream_id``'s failure cancelled or held wait for it again, and
+    theirs for them, down the line (workflows.py, Revival), in the caller's transaction."""
+    todo = [upstream_id]
+    while todo:
+        after = todo.pop(0)
+        for job_id, state, depends in workflows.revivable(db, after):
+            changes = {"depends": workflows.cleared(depends)}
+            meta = {"after": after}
+            if state == State.CANCELLED:
+                job = Job.objects.using(db).get(id=job_id)
+                meta.update(workflows.reopened(db, job, State.CANCELLED))
+                changes.update(
+                    state=State.WAITING, finished_at=None, waiting_for=workflows.unended_upstreams(db, job_id)
+                )
+                todo.append(job_id)
+            Job.objects.using(db).filter(id=job_id).update(**changes)
+            _event(
+                job_id,
+                EventType.REVIVED,
+                now,
+                from_state=state,
+                to_state=State.WAITING,
+                worker=actor,
+                message=f"job {after} it waits for is back: it waits for it again",
+                metadata=meta,
+            ).save(using=db)
 
 
 def cancel(job_id, *, actor="", reason="", using=None):

@@ -10,8 +10,13 @@ members ending at the same instant on two hosts are counted one after the other 
 exactly one of them sees the count that decides the callback. That one also sets
 ``fired_at`` (a conditional UPDATE: only while empty): any later decision, on any host
 or from a member cancelled by this very decision, finds it set and enqueues nothing.
-A requeued member (dead letter or cancel) re-opens the group (``member_reopened``); the
-callback still runs at most once.
+A requeued member (dead letter or cancel) re-opens the group (``reopened``) and re-arms
+its callback: ``fired_at`` is cleared, so the policy decides once more over the members'
+new ends (success and always: when the group closes again; first_failure: at its next
+failure, or when all have completed), and each decision still enqueues at most one
+callback. A group closed k times after k - 1 requeues has run its callback at most k
+times, once per decision; members the first failure cancelled stay cancelled (requeue
+each to run it).
 
 Dependencies. A job enqueued with ``depends_on`` is ``waiting`` with ``waiting_for`` =
 its dependencies that have not ended. Each dependency has ``in_workflow`` set (its end
@@ -19,6 +24,13 @@ goes the long way) and a Dependency row. When it ends, ``job_ended`` takes one o
 waiting dependent's count (the same UPDATE-then-locked-read), and says which dependents
 go to pending (the last dependency ended), which are cancelled or held (a dependency
 failed, by the dependent's policy); the transition carries that out.
+
+Revival. Requeueing a failed job undoes what its failure did to its dependents: each
+one cancelled because of it (``depends["cancelled_by"]``, set by the workflow's own
+cancel, never an operator's) or held because of it goes back to waiting for it, unless
+another of its dependencies is still failed (that one's requeue revives it). A revived
+job's own dependents cancelled or held because of it are revived in turn, down the line,
+and a revived group member re-opens its group as a requeued one does (``revivable``).
 
 Failed means dead-lettered or cancelled; a job that will still be retried has not ended.
 """
@@ -46,8 +58,10 @@ CANCEL, RUN, HOLD = validation.DEPENDENCY_POLICIES
 class Plan:
     """What a job's end asks the transition to do, in its transaction."""
 
-    # Jobs to cancel: pending members after a first failure, dependents by their policy.
+    # Pending members to cancel after a first failure.
     cancel: list = dataclasses.field(default_factory=list)
+    # Waiting dependents to cancel because this failed job's end (policy cancel).
+    drop: list = dataclasses.field(default_factory=list)
     # Waiting jobs whose last dependency ended: to pending.
     wake: list = dataclasses.field(default_factory=list)
     # Waiting jobs a failed dependency holds for an operator.
@@ -114,22 +128,81 @@ def _count_member(db, job, state, now, plan):
 
 
 def reopened(db, job, from_state):
-    """``job`` leaves the end ``from_state`` (requeue): its group is open again, and its
-    dependents still waiting wait for it again. Return what its event records."""
+    """``job`` leaves the end ``from_state`` (requeue, revival): its group is open again
+    with its callback re-armed, and its dependents still waiting wait for it again.
+    Return what its event records."""
     if str(from_state) not in _COUNTER:
         return {}
     meta = {}
     if job.group_id is not None:
         counter = _COUNTER[str(from_state)]
         groups = JobGroup.objects.using(db)
-        groups.filter(id=job.group_id).update(**{counter: F(counter) - 1, "closed_at": None})
+        fired = groups.select_for_update().filter(id=job.group_id).values_list("fired_at", flat=True).first()
+        groups.filter(id=job.group_id).update(
+            **{counter: F(counter) - 1, "closed_at": None, "fired_at": None}
+        )
         meta.update(group=job.group_id, group_reopened=True)
+        if fired is not None:
+            meta["group_callback_rearmed"] = True
     if job.in_workflow:
         Job.objects.using(db).filter(
             id__in=Dependency.objects.using(db).filter(upstream_id=job.id).values("job_id"),
             state=State.WAITING,
         ).update(waiting_for=F("waiting_for") + 1)
     return meta
+
+
+def _upstreams_of(db, job_id):
+    return Job.objects.using(db).filter(
+        id__in=Dependency.objects.using(db).filter(job_id=job_id).values("upstream_id")
+    )
+
+
+def revivable(db, job_id):
+    """The dependents of ``job_id`` (no longer failed: requeued or revived) that its
+    failure cancelled or held and that no other failed dependency keeps, locked:
+    [(id, state, depends)] in id order."""
+    dependents = (
+        Job.objects.using(db)
+        .filter(
+            id__in=Dependency.objects.using(db).filter(upstream_id=job_id).values("job_id"),
+            state__in=(State.CANCELLED, State.WAITING),
+        )
+        .select_for_update()
+        .order_by("id")
+        .values_list("id", "state", "depends")
+    )
+    out = []
+    for dep_id, state, depends in dependents:
+        depends = depends or {}
+        if state == State.CANCELLED and depends.get("cancelled_by") is None:
+            continue  # cancelled by an operator, or by its group: not this failure's doing
+        if state == State.WAITING and not depends.get("held"):
+            continue
+        if _upstreams_of(db, dep_id).filter(state__in=(State.DEAD_LETTER, State.CANCELLED)).exists():
+            continue
+        out.append((dep_id, state, depends))
+    return out
+
+
+def unended_upstreams(db, job_id):
+    """How many of ``job_id``'s dependencies have not ended: a revived job's waiting_for."""
+    return _upstreams_of(db, job_id).exclude(state__in=ENDED).count()
+
+
+def cleared(depends):
+    """``depends`` without the marks a failure left (held, cancelled_by)."""
+    return {**{k: v for k, v in (depends or {}).items() if k != "cancelled_by"}, "held": False}
+
+
+def dropped(db, job_id, upstream_id):
+    """Mark ``job_id``, just cancelled because ``upstream_id`` failed, as revivable by
+    that job's requeue."""
+    job = Job.objects.using(db).filter(id=job_id, state=State.CANCELLED).values_list("depends", flat=True)
+    for depends in job:
+        Job.objects.using(db).filter(id=job_id).update(
+            depends={**(depends or {}), "cancelled_by": upstream_id}
+        )
 
 
 def outcomes(db, group, current=None):
@@ -234,7 +307,7 @@ def _count_dependents(db, job, state, plan):
     ):
         depends = depends or {}
         if failed and depends.get("policy", CANCEL) == CANCEL:
-            plan.cancel.append(dep_id)
+            plan.drop.append(dep_id)
         elif failed and depends.get("policy") == HOLD:
             if not depends.get("held"):
                 plan.hold.append(dep_id)
