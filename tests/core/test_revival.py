@@ -207,7 +207,6 @@ def test_fixing_and_requeueing_every_dead_job_runs_the_whole_dag_once_in_edge_or
     (fixed) until none is left completes every node exactly once, each after its
     dependencies, with nothing left waiting or cancelled."""
     edges, broken_nodes, policies = dag
-    JobGroup.objects.all().delete()
     Job.objects.all().delete()
     jobs = {}
     for node in range(len(edges)):
@@ -235,3 +234,32 @@ def test_fixing_and_requeueing_every_dead_job_runs_the_whole_dag_once_in_edge_or
     for node, ups in edges.items():
         for up in ups:
             assert position[jobs[up].id] < position[jobs[node].id]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    st.lists(st.booleans(), min_size=1, max_size=6),
+    st.sampled_from(["always", "success"]),
+)
+def test_a_group_runs_its_callback_once_per_decision_however_many_members_are_requeued(failing, policy):
+    """The property: requeueing the dead members one at a time, each re-closing the
+    group, gives with ``always`` one callback per closing (each with that closing's
+    outcomes) and with ``success`` exactly one, once every member has completed."""
+    Job.objects.all().delete()
+    JobGroup.objects.all().delete()
+    members = [{"kind": "flaky", "payload": {"fail": f}, "max_attempts": 1} for f in failing]
+    g = group(members, callback={"kind": "echo"}, policy=policy)
+    drain()
+    closings = 1
+    for job_id in [i for i, f in zip(g.job_ids, failing) if f]:
+        transitions.requeue(job_id, payload={"fail": False})
+        drain()
+        closings += 1
+    runs = callbacks()
+    if policy == "always":
+        assert len(runs) == closings
+        dead = [sum(m["state"] == "dead_letter" for m in cb.payload["group"]["members"]) for cb in runs]
+        assert dead == list(range(sum(failing), -1, -1))
+    else:
+        assert len(runs) == 1
+        assert [m["state"] for m in runs[0].payload["group"]["members"]] == ["completed"] * len(failing)
