@@ -70,7 +70,9 @@ def _template(step, now):
     spec = {"kind": req.kind, "payload": req.payload}
     for name in validation.TEMPLATE_FIELDS:
         value = getattr(req, name, None)
-        if name == "debounce_mode" and req.debounce_key is None:
+        if (name == "debounce_mode" and req.debounce_key is None) or (
+            name == "ordering_blocks" and req.ordering_key is None
+        ):
             continue  # the request's default, which means nothing without a key
         if value is not None:
             spec[name] = value

@@ -104,6 +104,7 @@ def _new_job(req, now):
         backoff_jitter=req.backoff_jitter,
         group_id=req.group_id,
         in_workflow=True if req.group_id is not None else None,
+        ordering_key=req.ordering_key,
         trace_context=telemetry.carrier(),
     )
 
@@ -246,6 +247,8 @@ def _enqueue(req, using):
         return _unique(req, db, now)
     if req.depends_on:
         return _enqueue_waiting(db, req, now)
+    if req.ordering_key is not None:
+        return _enqueue_ordered(db, req, now)
     if req.idempotency_key is None:
         # Nothing to look up and no race to lose: no savepoint, the fewest statements.
         (job,) = _insert_plain(db, [req], now)
@@ -422,16 +425,38 @@ def _enqueue_waiting(db, req, now):
         event = _enqueued_event(job, now, depends_on=list(req.depends_on))
         event.to_state = State.WAITING
         event.save(using=db, force_insert=True)
-        then = workflows.at_enqueue(req.depends, states)
+        then, failed = workflows.at_enqueue(req.depends, states)
         if then == "cancel":
             cancel(job.id, actor="workflow", reason="a job it depends on had failed", using=db)
-            failed = [i for i, st in states.items() if st in (State.DEAD_LETTER, State.CANCELLED)]
-            workflows.dropped(db, job.id, min(failed))
+            workflows.dropped(db, job.id, failed)
         elif then == "hold":
-            _hold(db, job.id, None, now)
+            _hold(db, job.id, failed, now)
         elif then == "wake":
             _unblock(db, [job.id], now)
         job.refresh_from_db(using=db)
+    return job, True
+
+
+def _enqueue_ordered(db, req, now):
+    """enqueue() with an ordering_key: behind the key's newest job, which it waits for
+    (workflows.py, Ordered keys). The key's AdmissionKey row is locked first, so of
+    concurrent enqueues with one key each finds the one before it: they line up in the
+    order they take that lock, which is their enqueue order."""
+    with transaction.atomic(using=db):
+        if req.idempotency_key is not None:
+            existing = Job.objects.using(db).filter(idempotency_key=req.idempotency_key).first()
+            if existing is not None:
+                return existing, False
+        row = _lock_key(db, f"ordering:{req.ordering_key}", now)
+        ahead = None
+        if row.job_id is not None:
+            ahead = Job.objects.using(db).filter(id=row.job_id).values_list("id", "state").first()
+        if ahead is None or not workflows.keeps_key(ahead[1], req.ordering_blocks):
+            return _insert_keyed(db, row, req, now, ordering_key=req.ordering_key), True
+        # Its state is read again under its lock there: one ending now is waited for.
+        depends = workflows.ordering_depends(req, ahead[0])
+        job, _ = _enqueue_waiting(db, dataclasses.replace(req, depends_on=(ahead[0],), depends=depends), now)
+        AdmissionKey.objects.using(db).filter(id=row.id).update(job_id=job.id)
     return job, True
 
 
@@ -532,6 +557,7 @@ def bulk_enqueue(reqs, *, using=None):
                 or req.debounce_key is not None
                 or req.unique_key is not None
                 or req.depends_on
+                or req.ordering_key is not None
             ):
                 out[i], _ = enqueue(req, using=db)
             else:
@@ -1324,6 +1350,7 @@ def cancel(job_id, *, actor="", reason="", using=None):
     db = _db(using)
     now = timezone.now()
     with transaction.atomic(using=db):
+        workflows.lock_ahead(db, job_id)
         job = _locked(db, job_id, {State.PENDING, State.WAITING}, "cancel")
         Job.objects.using(db).filter(id=job.id).update(
             state=State.CANCELLED,

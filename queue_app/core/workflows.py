@@ -32,6 +32,18 @@ another of its dependencies is still failed (that one's requeue revives it). A r
 job's own dependents cancelled or held because of it are revived in turn, down the line,
 and a revived group member re-opens its group as a requeued one does (``revivable``).
 
+Ordered keys. A job with an ordering_key depends on the key's newest job (policy run),
+so the key's jobs run one at a time in enqueue order on every worker and host: each
+becomes pending in the transaction of the previous one's end. A job that will be retried
+keeps its place (its successors wait out its backoff). With ordering_blocks the policy is
+hold and only a completion passes the key on: a dead-lettered job holds the job after it
+("blocked by job N") until it is requeued and completes (the requeue revives the held
+one), or an operator skips it (requeue the held job: it runs; cancel it: the next one
+waits for what it waited for). For an ordered dependency a cancel is not a failure: a
+cancelled job hands its place on, and one cancelled while still waiting hands on what it
+waited for, so no job overtakes one still ahead. A job requeued after its end runs when
+requeued, outside the line.
+
 Failed means dead-lettered or cancelled; a job that will still be retried has not ended.
 """
 
@@ -74,6 +86,29 @@ class Plan:
 
 def _failed(state):
     return state in (State.DEAD_LETTER, State.CANCELLED)
+
+
+def _failed_for(depends, state):
+    """Whether a dependency's end ``state`` is a failure for a dependent with ``depends``."""
+    if depends.get("ordering") is not None:
+        return state == State.DEAD_LETTER
+    return _failed(state)
+
+
+def keeps_key(state, blocks):
+    """Whether an ordered key's newest job, in ``state``, makes the next one wait."""
+    return state not in ENDED or (blocks and state == State.DEAD_LETTER)
+
+
+def ordering_depends(req, ahead_id):
+    """The depends options of an ordered key's job behind ``ahead_id``."""
+    return {
+        "policy": HOLD if req.ordering_blocks else RUN,
+        "pass": None,
+        "held": False,
+        "ordering": req.ordering_key,
+        "after": ahead_id,
+    }
 
 
 def job_ended(db, job, state, now):
@@ -179,7 +214,7 @@ def revivable(db, job_id):
             continue  # cancelled by an operator, or by its group: not this failure's doing
         if state == State.WAITING and not depends.get("held"):
             continue
-        if _upstreams_of(db, dep_id).filter(state__in=(State.DEAD_LETTER, State.CANCELLED)).exists():
+        if any(_failed_for(depends, s) for s in _upstreams_of(db, dep_id).values_list("state", flat=True)):
             continue
         out.append((dep_id, state, depends))
     return out
@@ -280,15 +315,17 @@ def link(db, job, ids):
 
 
 def at_enqueue(depends, states):
-    """What a new dependent does at once: 'cancel', 'hold', 'wake' or None (waits)."""
-    if any(_failed(s) for s in states.values()):
+    """What a new dependent does at once: ('cancel' | 'hold' | 'wake' | None (it waits),
+    the failed dependency that decided it or None)."""
+    failed = sorted(i for i, s in states.items() if _failed_for(depends, s))
+    if failed:
         if depends["policy"] == CANCEL:
-            return "cancel"
+            return "cancel", failed[0]
         if depends["policy"] == HOLD:
-            return "hold"
+            return "hold", failed[0]
     if all(s in ENDED for s in states.values()):
-        return "wake"
-    return None
+        return "wake", None
+    return None, None
 
 
 def _count_dependents(db, job, state, plan):
@@ -301,11 +338,17 @@ def _count_dependents(db, job, state, plan):
     # dependency's end that committed first: exactly one end sees its count reach 0.
     if not waiting.update(waiting_for=F("waiting_for") - 1):
         return
-    failed = _failed(state)
+    ahead = None
     for dep_id, left, depends in (
         waiting.select_for_update().order_by("id").values_list("id", "waiting_for", "depends")
     ):
         depends = depends or {}
+        failed = _failed_for(depends, state)
+        if depends.get("ordering") is not None and state == State.CANCELLED:
+            if ahead is None:
+                ahead = list(_upstreams_of(db, job.id).exclude(state__in=ENDED).values_list("id", flat=True))
+            if ahead:
+                left = _hand_on(db, dep_id, depends, ahead, left)
         if failed and depends.get("policy", CANCEL) == CANCEL:
             plan.drop.append(dep_id)
         elif failed and depends.get("policy") == HOLD:
@@ -313,6 +356,30 @@ def _count_dependents(db, job, state, plan):
                 plan.hold.append(dep_id)
         elif left == 0 and not depends.get("held"):
             plan.wake.append(dep_id)
+
+
+def lock_ahead(db, job_id):
+    """Before cancelling a waiting ordered job, lock the jobs it waits for: their ends
+    lock them, then it (as a dependent), so the cancel takes the same order; and one
+    ending now has committed before the cancel reads whether it ended (_hand_on)."""
+    jobs = Job.objects.using(db)
+    if jobs.filter(id=job_id, state=State.WAITING, ordering_key__isnull=False).exists():
+        list(
+            _upstreams_of(db, job_id)
+            .exclude(state__in=ENDED)
+            .select_for_update()
+            .values_list("id", flat=True)
+        )
+
+
+def _hand_on(db, dep_id, depends, ahead, left):
+    """An ordered key's job whose predecessor was cancelled while still waiting waits for
+    what that one waited for instead; return its new count."""
+    link(db, Job(id=dep_id), ahead)
+    Job.objects.using(db).filter(id=dep_id).update(
+        waiting_for=F("waiting_for") + len(ahead), depends={**depends, "after": ahead[-1]}
+    )
+    return left + len(ahead)
 
 
 def passed_payload(db, job, current=None):

@@ -134,6 +134,16 @@ def why(job, now=None):
     if job.state == State.WAITING:
         held = (job.depends or {}).get("held")
         link = reverse("queue_app_dashboard:workflow", args=[job.id])
+        key, ahead = (job.depends or {}).get("ordering"), (job.depends or {}).get("after")
+        if key is not None and held:
+            return Reason(
+                "held",
+                f"blocked by job {ahead} on ordering key {key!r}, which was dead-lettered: requeue job "
+                f"{ahead} (it runs first, then this one), or requeue this job to skip it",
+                link,
+            )
+        if key is not None:
+            return Reason("waiting", f"it waits for job {ahead}, ahead of it on ordering key {key!r}", link)
         if held:
             return Reason(
                 "held",
