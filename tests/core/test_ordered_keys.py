@@ -2,7 +2,11 @@
 dependency of the next (workflows.py, Ordered keys); with ordering_blocks a dead letter
 holds the key until it completes or an operator skips it."""
 
+import threading
+import time
+
 import pytest
+from django.db import connections, transaction
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -222,3 +226,31 @@ def test_a_job_handed_on_past_a_cancel_is_revived_when_the_dead_job_it_was_block
     assert Job.objects.get(id=c.id).depends["held"] is True
     transitions.requeue(a.id, payload={"fail": False})
     assert drain() == [a.id, c.id]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cancel_in_the_line_racing_the_end_of_the_job_ahead_never_strands_the_next_one(vendor):
+    if vendor == "sqlite":
+        pytest.skip("SQLite serialises writers with the database lock; there are no row locks to race")
+    a, b, c = (enqueue("echo", {"n": n}, ordering_key="race") for n in range(3))
+    (leased,) = transitions.claim("w", limit=1)
+    assert leased.id == a.id
+    done = {}
+
+    def complete_a():
+        try:
+            done["ok"] = transitions.complete(a.id, worker_id="w", attempt=leased.attempts, result=1)
+        finally:
+            connections.close_all()
+
+    racer = threading.Thread(target=complete_a)
+    with transaction.atomic():
+        transitions.cancel(b.id)  # c now waits for a instead (the hand-on's new Dependency)
+        racer.start()
+        time.sleep(0.5)
+        # The cancel locked a first: a's end waits, and then sees the new link.
+        assert "ok" not in done
+    racer.join(10)
+    assert done["ok"] is True
+    c.refresh_from_db()
+    assert (c.state, c.waiting_for) == (State.PENDING, 0)
