@@ -1271,6 +1271,7 @@ def requeue(job_id, *, payload=_UNSET, max_attempts=None, actor="", using=None):
     now = timezone.now()
     with transaction.atomic(using=db):
         job = _locked(db, job_id, {State.DEAD_LETTER, State.CANCELLED, State.WAITING}, "requeue")
+        workflows.lock_for_revival(db, job)
         changes = {
             "state": State.PENDING,
             "attempts": 0,
@@ -1319,15 +1320,13 @@ def _revive(db, upstream_id, now, actor):
     todo = [upstream_id]
     while todo:
         after = todo.pop(0)
-        for job_id, state, depends in workflows.revivable(db, after):
+        for job_id, state, depends, left in workflows.revivable(db, after):
             changes = {"depends": workflows.cleared(depends)}
             meta = {"after": after}
             if state == State.CANCELLED:
                 job = Job.objects.using(db).get(id=job_id)
                 meta.update(workflows.reopened(db, job, State.CANCELLED))
-                changes.update(
-                    state=State.WAITING, finished_at=None, waiting_for=workflows.unended_upstreams(db, job_id)
-                )
+                changes.update(state=State.WAITING, finished_at=None, waiting_for=left)
                 todo.append(job_id)
             Job.objects.using(db).filter(id=job_id).update(**changes)
             _event(

@@ -196,7 +196,7 @@ def _upstreams_of(db, job_id):
 def revivable(db, job_id):
     """The dependents of ``job_id`` (no longer failed: requeued or revived) that its
     failure cancelled or held and that no other failed dependency keeps, locked:
-    [(id, state, depends)] in id order."""
+    [(id, state, depends, how many of its dependencies have not ended)] in id order."""
     dependents = (
         Job.objects.using(db)
         .filter(
@@ -214,15 +214,31 @@ def revivable(db, job_id):
             continue  # cancelled by an operator, or by its group: not this failure's doing
         if state == State.WAITING and not depends.get("held"):
             continue
-        if any(_failed_for(depends, s) for s in _upstreams_of(db, dep_id).values_list("state", flat=True)):
+        # Locked (lock_for_revival took them first): one ending now has committed before
+        # it is counted here, or its end sees this job waiting again and counts it down.
+        states = list(
+            _upstreams_of(db, dep_id).select_for_update().order_by("id").values_list("state", flat=True)
+        )
+        if any(_failed_for(depends, s) for s in states):
             continue
-        out.append((dep_id, state, depends))
+        out.append((dep_id, state, depends, sum(s not in ENDED for s in states)))
     return out
 
 
-def unended_upstreams(db, job_id):
-    """How many of ``job_id``'s dependencies have not ended: a revived job's waiting_for."""
-    return _upstreams_of(db, job_id).exclude(state__in=ENDED).count()
+def lock_for_revival(db, job):
+    """Before a requeue of ``job`` re-opens its group, lock the other dependencies of the
+    dependents it may revive: their ends lock themselves, then their group's row, and the
+    requeue takes them in that order too."""
+    if not job.in_workflow:
+        return
+    dependents = Dependency.objects.using(db).filter(upstream_id=job.id).values("job_id")
+    others = (
+        Job.objects.using(db)
+        .filter(id__in=Dependency.objects.using(db).filter(job_id__in=dependents).values("upstream_id"))
+        .exclude(id=job.id)
+        .exclude(state__in=ENDED)
+    )
+    list(others.select_for_update().order_by("id").values_list("id", flat=True))
 
 
 def cleared(depends):

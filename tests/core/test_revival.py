@@ -2,7 +2,11 @@
 cancelled or held wait for it again (down the line), and a requeued group member re-opens
 its group with the callback re-armed (workflows.py, Revival)."""
 
+import threading
+import time
+
 import pytest
+from django.db import connections, transaction
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -263,3 +267,35 @@ def test_a_group_runs_its_callback_once_per_decision_however_many_members_are_re
     else:
         assert len(runs) == 1
         assert [m["state"] for m in runs[0].payload["group"]["members"]] == ["completed"] * len(failing)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_revival_racing_the_end_of_the_revived_jobs_other_dependency_counts_it_once(vendor):
+    if vendor == "sqlite":
+        pytest.skip("SQLite serialises writers with the database lock; there are no row locks to race")
+    x = broken()
+    y = enqueue("echo", {"n": "y"}, priority=-1)
+    d = enqueue("echo", depends_on=[x.id, y.id])
+    assert run_one().id == x.id  # dead: d is cancelled
+    (leased,) = transitions.claim("w", limit=1)
+    assert leased.id == y.id and state(d) == State.CANCELLED
+    done = {}
+
+    def complete_y():
+        try:
+            done["ok"] = transitions.complete(y.id, worker_id="w", attempt=leased.attempts, result=1)
+        finally:
+            connections.close_all()
+
+    racer = threading.Thread(target=complete_y)
+    with transaction.atomic():
+        fix(x)  # d waits again, for x and y
+        racer.start()
+        time.sleep(0.5)
+        # The requeue locked y first: y's end waits, then sees d waiting and counts it down.
+        assert "ok" not in done
+    racer.join(10)
+    assert done["ok"] is True
+    d.refresh_from_db()
+    assert (d.state, d.waiting_for) == (State.WAITING, 1)
+    assert drain() == [x.id, d.id]
