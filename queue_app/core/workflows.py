@@ -72,7 +72,7 @@ class Plan:
 
     # Pending members to cancel after a first failure.
     cancel: list = dataclasses.field(default_factory=list)
-    # Waiting dependents to cancel because this failed job's end (policy cancel).
+    # Waiting dependents to cancel because of this failed job's end (policy cancel).
     drop: list = dataclasses.field(default_factory=list)
     # Waiting jobs whose last dependency ended: to pending.
     wake: list = dataclasses.field(default_factory=list)
