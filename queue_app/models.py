@@ -90,6 +90,9 @@ class EventType(models.TextChoices):
     # A waiting job's dependency failed and its policy is hold: it stays waiting until
     # an operator requeues (runs) or cancels it.
     HELD = "held"
+    # A job cancelled or held because a dependency failed waits again: that dependency
+    # (metadata ``after``) was requeued, or was itself revived.
+    REVIVED = "revived"
     # An operator asked a running job to stop (cancel_requested_at set); it stays leased
     # until its handler returns or, after the abort grace, its process is killed.
     ABORT_REQUESTED = "abort_requested"
@@ -293,13 +296,18 @@ class Job(models.Model):
     # member and for a job others depend on: its end must go the long way, through the
     # hook that counts it (engines.base.NO_FOLLOW_UP). ``waiting_for``: how many of a
     # waiting job's dependencies have not ended; ``depends``: its options
-    # {"policy": cancel|run|hold, "pass": null|"arg"|"payload", "held": bool}.
+    # {"policy": cancel|run|hold, "pass": null|"arg"|"payload", "held": bool}, and for an
+    # ordered key's job "ordering" (the key) and "after" (the job ahead of it).
     group = models.ForeignKey(
         "JobGroup", null=True, blank=True, related_name="members", on_delete=models.PROTECT
     )
     in_workflow = models.BooleanField(null=True, blank=True)
     waiting_for = models.PositiveIntegerField(null=True, blank=True)
     depends = models.JSONField(null=True, blank=True)
+    # Ordered keys (transitions._enqueue_ordered): jobs with one key run one at a time in
+    # enqueue order, each a dependency of the next. Shown, never looked up: the key's
+    # AdmissionKey row ("ordering:KEY") points at its newest job.
+    ordering_key = models.CharField(max_length=ADMISSION_KEY_MAX_LENGTH, null=True, blank=True)
 
     # The W3C trace context (traceparent, tracestate) of the enqueue, with OpenTelemetry
     # installed and a trace open (core/telemetry.py): each attempt's span continues it.

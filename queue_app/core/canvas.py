@@ -70,7 +70,9 @@ def _template(step, now):
     spec = {"kind": req.kind, "payload": req.payload}
     for name in validation.TEMPLATE_FIELDS:
         value = getattr(req, name, None)
-        if name == "debounce_mode" and req.debounce_key is None:
+        if (name == "debounce_mode" and req.debounce_key is None) or (
+            name == "ordering_blocks" and req.ordering_key is None
+        ):
             continue  # the request's default, which means nothing without a key
         if value is not None:
             spec[name] = value
@@ -81,6 +83,8 @@ def group(members, *, callback=None, policy=GroupPolicy.SUCCESS, name="", using=
     """Enqueue ``members`` as one group; ``callback`` runs once, when ``policy`` says:
     success (every member completed), always (every member ended) or first_failure (at
     the first failure, cancelling the members still pending, or when all completed).
+    A requeued member re-opens the group and re-arms the callback: the policy decides
+    once more (workflows.py says exactly when).
 
     The callback's payload (a task's kwargs) gets ``group``: {id, name, policy, counts
     {total, completed, dead_letter, cancelled}, members [{id, kind, state, result |

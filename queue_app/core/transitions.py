@@ -15,6 +15,8 @@ job and appends exactly one Event row. Nothing else writes Job.state, Event or D
                                            cancelled (abort requested)
     requeue           dead_letter|cancelled pending                requeued
                       waiting (held)
+    revive            cancelled (by a      waiting                 revived    (the job it failed for
+                      dependency), waiting (held)                             was requeued; down the line)
     cancel            pending|waiting      cancelled               cancelled  (leased: request_abort)
     (enqueue)         (new, depends_on)    waiting                 enqueued
     unblock           waiting              pending                 unblocked  (its last dependency ended)
@@ -102,6 +104,7 @@ def _new_job(req, now):
         backoff_jitter=req.backoff_jitter,
         group_id=req.group_id,
         in_workflow=True if req.group_id is not None else None,
+        ordering_key=req.ordering_key,
         trace_context=telemetry.carrier(),
     )
 
@@ -244,6 +247,8 @@ def _enqueue(req, using):
         return _unique(req, db, now)
     if req.depends_on:
         return _enqueue_waiting(db, req, now)
+    if req.ordering_key is not None:
+        return _enqueue_ordered(db, req, now)
     if req.idempotency_key is None:
         # Nothing to look up and no race to lose: no savepoint, the fewest statements.
         (job,) = _insert_plain(db, [req], now)
@@ -420,14 +425,38 @@ def _enqueue_waiting(db, req, now):
         event = _enqueued_event(job, now, depends_on=list(req.depends_on))
         event.to_state = State.WAITING
         event.save(using=db, force_insert=True)
-        then = workflows.at_enqueue(req.depends, states)
+        then, failed = workflows.at_enqueue(req.depends, states)
         if then == "cancel":
             cancel(job.id, actor="workflow", reason="a job it depends on had failed", using=db)
+            workflows.dropped(db, job.id, failed)
         elif then == "hold":
-            _hold(db, job.id, None, now)
+            _hold(db, job.id, failed, now)
         elif then == "wake":
             _unblock(db, [job.id], now)
         job.refresh_from_db(using=db)
+    return job, True
+
+
+def _enqueue_ordered(db, req, now):
+    """enqueue() with an ordering_key: behind the key's newest job, which it waits for
+    (workflows.py, Ordered keys). The key's AdmissionKey row is locked first, so of
+    concurrent enqueues with one key each finds the one before it: they line up in the
+    order they take that lock, which is their enqueue order."""
+    with transaction.atomic(using=db):
+        if req.idempotency_key is not None:
+            existing = Job.objects.using(db).filter(idempotency_key=req.idempotency_key).first()
+            if existing is not None:
+                return existing, False
+        row = _lock_key(db, f"ordering:{req.ordering_key}", now)
+        ahead = None
+        if row.job_id is not None:
+            ahead = Job.objects.using(db).filter(id=row.job_id).values_list("id", "state").first()
+        if ahead is None or not workflows.keeps_key(ahead[1], req.ordering_blocks):
+            return _insert_keyed(db, row, req, now, ordering_key=req.ordering_key), True
+        # Its state is read again under its lock there: one ending now is waited for.
+        depends = workflows.ordering_depends(req, ahead[0])
+        job, _ = _enqueue_waiting(db, dataclasses.replace(req, depends_on=(ahead[0],), depends=depends), now)
+        AdmissionKey.objects.using(db).filter(id=row.id).update(job_id=job.id)
     return job, True
 
 
@@ -483,6 +512,10 @@ def _workflow(db, job, state, now, result, error):
         # One claimed or ended meanwhile settles on its own.
         with suppress(InvalidTransition):
             cancel(other, actor="workflow", reason=f"job {job.id} ended {state}", using=db)
+    for other in plan.drop:
+        with suppress(InvalidTransition):
+            cancel(other, actor="workflow", reason=f"job {job.id} ended {state}", using=db)
+            workflows.dropped(db, other, job.id)
     for other in plan.hold:
         _hold(db, other, job.id, now)
     if plan.wake:
@@ -524,6 +557,7 @@ def bulk_enqueue(reqs, *, using=None):
                 or req.debounce_key is not None
                 or req.unique_key is not None
                 or req.depends_on
+                or req.ordering_key is not None
             ):
                 out[i], _ = enqueue(req, using=db)
             else:
@@ -1245,6 +1279,7 @@ def requeue(job_id, *, payload=_UNSET, max_attempts=None, actor="", using=None):
     now = timezone.now()
     with transaction.atomic(using=db):
         job = _locked(db, job_id, {State.DEAD_LETTER, State.CANCELLED, State.WAITING}, "requeue")
+        workflows.lock_for_revival(db, job)
         changes = {
             "state": State.PENDING,
             "attempts": 0,
@@ -1266,6 +1301,8 @@ def requeue(job_id, *, payload=_UNSET, max_attempts=None, actor="", using=None):
         if max_attempts is not None:
             changes["max_attempts"] = max_attempts
             meta["previous_max_attempts"] = job.max_attempts
+        if job.depends:
+            changes["depends"] = workflows.cleared(job.depends)
         Job.objects.using(db).filter(id=job.id).update(**changes)
         DeadLetter.objects.using(db).filter(job_id=job.id, resolved_at__isnull=True).update(
             resolved_at=now, resolution="requeued"
@@ -1279,8 +1316,37 @@ def requeue(job_id, *, payload=_UNSET, max_attempts=None, actor="", using=None):
             worker=actor,
             metadata=meta,
         ).save(using=db)
+        if job.in_workflow and job.state in (State.DEAD_LETTER, State.CANCELLED):
+            _revive(db, job.id, now, actor)
     job.refresh_from_db(using=db)
     return job
+
+
+def _revive(db, upstream_id, now, actor):
+    """The dependents ``upstream_id``'s failure cancelled or held wait for it again, and
+    theirs for them, down the line (workflows.py, Revival), in the caller's transaction."""
+    todo = [upstream_id]
+    while todo:
+        after = todo.pop(0)
+        for job_id, state, depends, left in workflows.revivable(db, after):
+            changes = {"depends": workflows.cleared(depends)}
+            meta = {"after": after}
+            if state == State.CANCELLED:
+                job = Job.objects.using(db).get(id=job_id)
+                meta.update(workflows.reopened(db, job, State.CANCELLED))
+                changes.update(state=State.WAITING, finished_at=None, waiting_for=left)
+                todo.append(job_id)
+            Job.objects.using(db).filter(id=job_id).update(**changes)
+            _event(
+                job_id,
+                EventType.REVIVED,
+                now,
+                from_state=state,
+                to_state=State.WAITING,
+                worker=actor,
+                message=f"job {after} it waits for is back: it waits for it again",
+                metadata=meta,
+            ).save(using=db)
 
 
 def cancel(job_id, *, actor="", reason="", using=None):
@@ -1291,6 +1357,7 @@ def cancel(job_id, *, actor="", reason="", using=None):
     db = _db(using)
     now = timezone.now()
     with transaction.atomic(using=db):
+        workflows.lock_ahead(db, job_id)
         job = _locked(db, job_id, {State.PENDING, State.WAITING}, "cancel")
         Job.objects.using(db).filter(id=job.id).update(
             state=State.CANCELLED,

@@ -57,6 +57,9 @@ UNIQUE_PRESETS = {
     # At most one waiting or running job per key: while one runs, it is returned.
     "active": ("pending", "leased"),
 }
+# Ordered keys (transitions._enqueue_ordered): jobs sharing an ordering_key run one at a
+# time in enqueue order; with ordering_blocks a dead-lettered one holds those after it.
+ORDERING_FIELDS = ("ordering_key", "ordering_blocks")
 ENQUEUE_FIELDS = (
     "queue_name",
     "priority",
@@ -74,6 +77,7 @@ ENQUEUE_FIELDS = (
     "backoff_max",
     "backoff_jitter",
     *ADMISSION_FIELDS,
+    *ORDERING_FIELDS,
 )
 # A follow-up template is stored as JSON until its parent finishes: no datetimes.
 TEMPLATE_FIELDS = tuple(f for f in ENQUEUE_FIELDS if f != "run_at")
@@ -128,6 +132,10 @@ class EnqueueRequest:
     # these states, and inserts a new job (which takes the key) otherwise.
     unique_key: str | None = None
     unique_while: tuple | None = None
+    # Ordered keys: it waits for the key's previous job to end (its Dependency, policy
+    # run), or with ordering_blocks to complete (policy hold: a dead letter holds it).
+    ordering_key: str | None = None
+    ordering_blocks: bool = False
 
 
 def _is_int(value):
@@ -391,6 +399,26 @@ def admission(options):
     }
 
 
+def ordering(options):
+    """Validate ordering_key and ordering_blocks; return their EnqueueRequest fields."""
+    key = _key(options.get("ordering_key"), "ordering_key", ADMISSION_KEY_MAX_LENGTH)
+    blocks = options.get("ordering_blocks")
+    if key is None:
+        if blocks is not None:
+            raise InvalidJob(
+                "ordering_blocks needs an ordering_key: it says what a failure there does", "ordering_blocks"
+            )
+        return {}
+    for other in ("debounce_key", "unique_key"):
+        if options.get(other) is not None:
+            raise InvalidJob(
+                f"ordering_key does not go with {other} (each is a key of its own)", "ordering_key"
+            )
+    if blocks is not None and not isinstance(blocks, bool):
+        raise InvalidJob(f"ordering_blocks must be true or false, got {blocks!r}", "ordering_blocks")
+    return {"ordering_key": key, "ordering_blocks": bool(blocks)}
+
+
 def unique_while(value):
     """A preset name, a state or states; return the states as a sorted tuple."""
     if value is None:
@@ -508,6 +536,7 @@ _UNSHARED = (
     "idempotency_key",
     "debounce_key",
     "unique_key",
+    "ordering_key",
 )
 _SHARED_MAX = 1024
 _shared = {}
@@ -562,7 +591,9 @@ def request(kind, payload_value, options, now, checks=None, *, reserved_ok=False
     if options and any(name in options for name in DEPENDENCY_FIELDS):
         options = dict(options)
         ids, depends = dependency_options(*(options.pop(name, None) for name in DEPENDENCY_FIELDS))
-        keyed = next((k for k in ("debounce_key", "unique_key") if options.get(k) is not None), None)
+        keyed = next(
+            (k for k in ("debounce_key", "unique_key", "ordering_key") if options.get(k) is not None), None
+        )
         if ids and keyed:
             # A waiting job is not one a debounce may update or a unique key return.
             raise InvalidJob(f"{keyed} does not go with depends_on", keyed)
@@ -674,6 +705,7 @@ def enqueue_options(options, now, between=None):
         "backoff_max": backoff_max(options.get("backoff_max")),
         "backoff_jitter": backoff_jitter(options.get("backoff_jitter")),
         **admission(options),
+        **ordering(options),
     }
 
 

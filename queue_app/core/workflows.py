@@ -10,8 +10,13 @@ members ending at the same instant on two hosts are counted one after the other 
 exactly one of them sees the count that decides the callback. That one also sets
 ``fired_at`` (a conditional UPDATE: only while empty): any later decision, on any host
 or from a member cancelled by this very decision, finds it set and enqueues nothing.
-A requeued member (dead letter or cancel) re-opens the group (``member_reopened``); the
-callback still runs at most once.
+A requeued member (dead letter or cancel) re-opens the group (``reopened``) and re-arms
+its callback: ``fired_at`` is cleared, so the policy decides once more over the members'
+new ends (success and always: when the group closes again; first_failure: at its next
+failure, or when all have completed), and each decision still enqueues at most one
+callback. A group closed k times after k - 1 requeues has run its callback at most k
+times, once per decision; members the first failure cancelled stay cancelled (requeue
+each to run it).
 
 Dependencies. A job enqueued with ``depends_on`` is ``waiting`` with ``waiting_for`` =
 its dependencies that have not ended. Each dependency has ``in_workflow`` set (its end
@@ -19,6 +24,25 @@ goes the long way) and a Dependency row. When it ends, ``job_ended`` takes one o
 waiting dependent's count (the same UPDATE-then-locked-read), and says which dependents
 go to pending (the last dependency ended), which are cancelled or held (a dependency
 failed, by the dependent's policy); the transition carries that out.
+
+Revival. Requeueing a failed job undoes what its failure did to its dependents: each
+one cancelled because of it (``depends["cancelled_by"]``, set by the workflow's own
+cancel, never an operator's) or held because of it goes back to waiting for it, unless
+another of its dependencies is still failed (that one's requeue revives it). A revived
+job's own dependents cancelled or held because of it are revived in turn, down the line,
+and a revived group member re-opens its group as a requeued one does (``revivable``).
+
+Ordered keys. A job with an ordering_key depends on the key's newest job (policy run),
+so the key's jobs run one at a time in enqueue order on every worker and host: each
+becomes pending in the transaction of the previous one's end. A job that will be retried
+keeps its place (its successors wait out its backoff). With ordering_blocks the policy is
+hold and only a completion passes the key on: a dead-lettered job holds the job after it
+("blocked by job N") until it is requeued and completes (the requeue revives the held
+one), or an operator skips it (requeue the held job: it runs; cancel it: the next one
+waits for what it waited for). For an ordered dependency a cancel is not a failure: a
+cancelled job hands its place on, and one cancelled while still waiting hands on what it
+waited for, so no job overtakes one still ahead. A job requeued after its end runs when
+requeued, outside the line.
 
 Failed means dead-lettered or cancelled; a job that will still be retried has not ended.
 """
@@ -46,8 +70,10 @@ CANCEL, RUN, HOLD = validation.DEPENDENCY_POLICIES
 class Plan:
     """What a job's end asks the transition to do, in its transaction."""
 
-    # Jobs to cancel: pending members after a first failure, dependents by their policy.
+    # Pending members to cancel after a first failure.
     cancel: list = dataclasses.field(default_factory=list)
+    # Waiting dependents to cancel because of this failed job's end (policy cancel).
+    drop: list = dataclasses.field(default_factory=list)
     # Waiting jobs whose last dependency ended: to pending.
     wake: list = dataclasses.field(default_factory=list)
     # Waiting jobs a failed dependency holds for an operator.
@@ -60,6 +86,29 @@ class Plan:
 
 def _failed(state):
     return state in (State.DEAD_LETTER, State.CANCELLED)
+
+
+def _failed_for(depends, state):
+    """Whether a dependency's end ``state`` is a failure for a dependent with ``depends``."""
+    if depends.get("ordering") is not None:
+        return state == State.DEAD_LETTER
+    return _failed(state)
+
+
+def keeps_key(state, blocks):
+    """Whether an ordered key's newest job, in ``state``, makes the next one wait."""
+    return state not in ENDED or (blocks and state == State.DEAD_LETTER)
+
+
+def ordering_depends(req, ahead_id):
+    """The depends options of an ordered key's job behind ``ahead_id``."""
+    return {
+        "policy": HOLD if req.ordering_blocks else RUN,
+        "pass": None,
+        "held": False,
+        "ordering": req.ordering_key,
+        "after": ahead_id,
+    }
 
 
 def job_ended(db, job, state, now):
@@ -114,22 +163,97 @@ def _count_member(db, job, state, now, plan):
 
 
 def reopened(db, job, from_state):
-    """``job`` leaves the end ``from_state`` (requeue): its group is open again, and its
-    dependents still waiting wait for it again. Return what its event records."""
+    """``job`` leaves the end ``from_state`` (requeue, revival): its group is open again
+    with its callback re-armed, and its dependents still waiting wait for it again.
+    Return what its event records."""
     if str(from_state) not in _COUNTER:
         return {}
     meta = {}
     if job.group_id is not None:
         counter = _COUNTER[str(from_state)]
         groups = JobGroup.objects.using(db)
-        groups.filter(id=job.group_id).update(**{counter: F(counter) - 1, "closed_at": None})
+        fired = groups.select_for_update().filter(id=job.group_id).values_list("fired_at", flat=True).first()
+        groups.filter(id=job.group_id).update(
+            **{counter: F(counter) - 1, "closed_at": None, "fired_at": None}
+        )
         meta.update(group=job.group_id, group_reopened=True)
+        if fired is not None:
+            meta["group_callback_rearmed"] = True
     if job.in_workflow:
         Job.objects.using(db).filter(
             id__in=Dependency.objects.using(db).filter(upstream_id=job.id).values("job_id"),
             state=State.WAITING,
         ).update(waiting_for=F("waiting_for") + 1)
     return meta
+
+
+def _upstreams_of(db, job_id):
+    return Job.objects.using(db).filter(
+        id__in=Dependency.objects.using(db).filter(job_id=job_id).values("upstream_id")
+    )
+
+
+def revivable(db, job_id):
+    """The dependents of ``job_id`` (no longer failed: requeued or revived) that its
+    failure cancelled or held and that no other failed dependency keeps, locked:
+    [(id, state, depends, how many of its dependencies have not ended)] in id order."""
+    dependents = (
+        Job.objects.using(db)
+        .filter(
+            id__in=Dependency.objects.using(db).filter(upstream_id=job_id).values("job_id"),
+            state__in=(State.CANCELLED, State.WAITING),
+        )
+        .select_for_update()
+        .order_by("id")
+        .values_list("id", "state", "depends")
+    )
+    out = []
+    for dep_id, state, depends in dependents:
+        depends = depends or {}
+        if state == State.CANCELLED and depends.get("cancelled_by") is None:
+            continue  # cancelled by an operator, or by its group: not this failure's doing
+        if state == State.WAITING and not depends.get("held"):
+            continue
+        # Locked (lock_for_revival took them first): one ending now has committed before
+        # it is counted here, or its end sees this job waiting again and counts it down.
+        states = list(
+            _upstreams_of(db, dep_id).select_for_update().order_by("id").values_list("state", flat=True)
+        )
+        if any(_failed_for(depends, s) for s in states):
+            continue
+        out.append((dep_id, state, depends, sum(s not in ENDED for s in states)))
+    return out
+
+
+def lock_for_revival(db, job):
+    """Before a requeue of ``job`` re-opens its group, lock the other dependencies of the
+    dependents it may revive: their ends lock themselves, then their group's row, and the
+    requeue takes them in that order too."""
+    if not job.in_workflow:
+        return
+    dependents = Dependency.objects.using(db).filter(upstream_id=job.id).values("job_id")
+    others = (
+        Job.objects.using(db)
+        .filter(id__in=Dependency.objects.using(db).filter(job_id__in=dependents).values("upstream_id"))
+        .exclude(id=job.id)
+        .exclude(state__in=ENDED)
+    )
+    list(others.select_for_update().order_by("id").values_list("id", flat=True))
+
+
+def cleared(depends):
+    """``depends`` without the marks a failure left (held, cancelled_by)."""
+    return {**{k: v for k, v in (depends or {}).items() if k != "cancelled_by"}, "held": False}
+
+
+def dropped(db, job_id, upstream_id):
+    """Mark ``job_id``, just cancelled because ``upstream_id`` failed, as revivable by
+    that job's requeue."""
+    job = Job.objects.using(db).filter(id=job_id, state=State.CANCELLED).values_list("depends", flat=True)
+    for depends in job:
+        Job.objects.using(db).filter(id=job_id).update(
+            depends={**(depends or {}), "cancelled_by": upstream_id}
+        )
 
 
 def outcomes(db, group, current=None):
@@ -207,15 +331,17 @@ def link(db, job, ids):
 
 
 def at_enqueue(depends, states):
-    """What a new dependent does at once: 'cancel', 'hold', 'wake' or None (waits)."""
-    if any(_failed(s) for s in states.values()):
+    """What a new dependent does at once: ('cancel' | 'hold' | 'wake' | None (it waits),
+    the failed dependency that decided it or None)."""
+    failed = sorted(i for i, s in states.items() if _failed_for(depends, s))
+    if failed:
         if depends["policy"] == CANCEL:
-            return "cancel"
+            return "cancel", failed[0]
         if depends["policy"] == HOLD:
-            return "hold"
+            return "hold", failed[0]
     if all(s in ENDED for s in states.values()):
-        return "wake"
-    return None
+        return "wake", None
+    return None, None
 
 
 def _count_dependents(db, job, state, plan):
@@ -228,18 +354,48 @@ def _count_dependents(db, job, state, plan):
     # dependency's end that committed first: exactly one end sees its count reach 0.
     if not waiting.update(waiting_for=F("waiting_for") - 1):
         return
-    failed = _failed(state)
+    ahead = None
     for dep_id, left, depends in (
         waiting.select_for_update().order_by("id").values_list("id", "waiting_for", "depends")
     ):
         depends = depends or {}
+        failed = _failed_for(depends, state)
+        if depends.get("ordering") is not None and state == State.CANCELLED:
+            if ahead is None:
+                ahead = list(_upstreams_of(db, job.id).exclude(state__in=ENDED).values_list("id", flat=True))
+            if ahead:
+                left = _hand_on(db, dep_id, depends, ahead, left)
         if failed and depends.get("policy", CANCEL) == CANCEL:
-            plan.cancel.append(dep_id)
+            plan.drop.append(dep_id)
         elif failed and depends.get("policy") == HOLD:
             if not depends.get("held"):
                 plan.hold.append(dep_id)
         elif left == 0 and not depends.get("held"):
             plan.wake.append(dep_id)
+
+
+def lock_ahead(db, job_id):
+    """Before cancelling a waiting ordered job, lock the jobs it waits for: their ends
+    lock them, then it (as a dependent), so the cancel takes the same order; and one
+    ending now has committed before the cancel reads whether it ended (_hand_on)."""
+    jobs = Job.objects.using(db)
+    if jobs.filter(id=job_id, state=State.WAITING, ordering_key__isnull=False).exists():
+        list(
+            _upstreams_of(db, job_id)
+            .exclude(state__in=ENDED)
+            .select_for_update()
+            .values_list("id", flat=True)
+        )
+
+
+def _hand_on(db, dep_id, depends, ahead, left):
+    """An ordered key's job whose predecessor was cancelled while still waiting waits for
+    what that one waited for instead; return its new count."""
+    link(db, Job(id=dep_id), ahead)
+    Job.objects.using(db).filter(id=dep_id).update(
+        waiting_for=F("waiting_for") + len(ahead), depends={**depends, "after": ahead[-1]}
+    )
+    return left + len(ahead)
 
 
 def passed_payload(db, job, current=None):

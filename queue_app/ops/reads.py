@@ -517,6 +517,7 @@ def job_dict(job):
         "crashes": job.crashes,
         "idempotency_key": job.idempotency_key,
         "concurrency_key": job.concurrency_key,
+        "ordering_key": job.ordering_key,
         "run_at": job.run_at,
         "created_at": job.created_at,
         "started_at": job.started_at,

@@ -134,11 +134,32 @@ def why(job, now=None):
     if job.state == State.WAITING:
         held = (job.depends or {}).get("held")
         link = reverse("queue_app_dashboard:workflow", args=[job.id])
+        key, ahead = (job.depends or {}).get("ordering"), (job.depends or {}).get("after")
+        if key is not None and held:
+            return Reason(
+                "held",
+                f"blocked by job {ahead} on ordering key {key!r}, which was dead-lettered: requeue job "
+                f"{ahead} (it runs first, then this one), or requeue this job to skip it",
+                link,
+            )
+        if key is not None:
+            return Reason("waiting", f"it waits for job {ahead}, ahead of it on ordering key {key!r}", link)
         if held:
             return Reason(
-                "held", "a job it depends on failed and it is held: requeue runs it, cancel drops it", link
+                "held",
+                "a job it depends on failed and it is held: requeue runs it, cancel drops it, "
+                "requeueing the failed job makes it wait for that job again",
+                link,
             )
         return Reason("waiting", f"it waits for {job.waiting_for} job(s) it depends on to end", link)
+    dropped_by = (job.depends or {}).get("cancelled_by")
+    if job.state == State.CANCELLED and dropped_by is not None:
+        return Reason(
+            "ended",
+            f"it was cancelled because job {dropped_by} it depends on failed: "
+            f"requeueing job {dropped_by} makes it wait for that job again",
+            reverse("queue_app_dashboard:workflow", args=[job.id]),
+        )
     if job.state != State.PENDING:
         return Reason("ended", f"it has ended: {job.state.replace('_', ' ')}")
     if job.run_at > now:

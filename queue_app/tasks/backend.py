@@ -84,6 +84,7 @@ EXTRA_FIELDS = (
     *RETRY_FIELDS,
     *validation.ADMISSION_FIELDS,
     "encrypt",
+    *validation.ORDERING_FIELDS,
 )
 # A follow-up Task's own options that go into its template (not idempotency_key: one
 # key would make every follow-up after the first return the first; not unique_for).
@@ -189,6 +190,9 @@ class QueueTask(Task):
     # True: the task's arguments are stored encrypted; parameter names: those arguments,
     # by keyword or by position (core/encryption.py; JOBQUEUE["ENCRYPTION_KEYS"]).
     encrypt: bool | tuple = ()
+    # Ordered keys (validation.ORDERING_FIELDS): one at a time per key, in enqueue order.
+    ordering_key: str | None = None
+    ordering_blocks: bool | None = None
     # ``@task(backoff=3)`` or ``backoff={"base": 3, "max": 600}``: sets the backoff_*
     # fields; ``backoff=function``: sets backoff_function.
     backoff: InitVar[float | dict | Callable | None] = None
@@ -233,7 +237,7 @@ class QueueTask(Task):
                 "a backoff function belongs to the task's definition (@task(backoff=...) or "
                 "with_options): the worker finds it by the task's module path, not per call"
             )
-        unknown = sorted(set(admission) - set(validation.ADMISSION_FIELDS))
+        unknown = sorted(set(admission) - {*validation.ADMISSION_FIELDS, *validation.ORDERING_FIELDS})
         if unknown:
             raise TypeError(f"using() got unexpected keyword argument(s): {', '.join(unknown)}")
         # Task is a slots dataclass, so zero-argument super() is not available here.
@@ -404,6 +408,7 @@ class DatabaseBackend(BaseTaskBackend):
             "webhook_url": getattr(task, "webhook_url", None),
             **{name: pick(name) for name in BACKOFF_FIELDS},
             **{name: getattr(task, name, None) for name in validation.ADMISSION_FIELDS},
+            **{name: getattr(task, name, None) for name in validation.ORDERING_FIELDS},
         }
 
     def request(self, task, args, kwargs):

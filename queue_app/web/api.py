@@ -327,6 +327,16 @@ class JobIn(Schema):
         default=None,
         description="When one of depends_on fails: cancel it (default), run it anyway, or hold it.",
     )
+    ordering_key: str | None = Field(
+        default=None,
+        description="Jobs sharing this key run one at a time, in enqueue order: it waits (state "
+        "waiting) for the key's previous job to end.",
+    )
+    ordering_blocks: StrictBool | None = Field(
+        default=None,
+        description="With ordering_key: a dead-lettered job holds the next one until it is requeued "
+        "and completes, or the held job is requeued (skipped past) or cancelled.",
+    )
 
 
 class BulkIn(Schema):
@@ -377,6 +387,7 @@ class JobFields(Schema):
 
 
 class JobOut(JobFields):
+    ordering_key: str | None = Field(None, description="Its ordered key, if enqueued with one.")
     payload: Any
     result: Any
     last_error: Any

@@ -395,6 +395,7 @@ def test_enqueue_json_is_created_and_the_job_with_the_keys_its_help_names():
         "crashes",
         "idempotency_key",
         "concurrency_key",
+        "ordering_key",
         "run_at",
         "created_at",
         "started_at",

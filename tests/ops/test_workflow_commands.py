@@ -93,3 +93,16 @@ def test_waiting_jobs_are_a_metrics_state_and_never_the_oldest_ready_job():
     assert "jobqueue_late_jobs 0.0" in text
     oldest = next(line for line in text.splitlines() if line.startswith("jobqueue_oldest_pending_seconds "))
     assert float(oldest.split()[1]) < 60
+
+
+def test_enqueue_takes_an_ordering_key_and_history_says_what_the_job_waits_for():
+    first = json.loads(run("enqueue", "--kind", "echo", "--ordering-key", "acct:1", "--json"))["job"]
+    out = run("enqueue", "--kind", "echo", "--ordering-key", "acct:1", "--ordering-blocks", "--json")
+    job = json.loads(out)["job"]
+    assert (first["state"], job["state"], job["ordering_key"]) == ("pending", "waiting", "acct:1")
+    assert Job.objects.get(id=job["id"]).depends["policy"] == "hold"
+    assert f"it waits for job {first['id']}, ahead of it on ordering key 'acct:1'" in run(
+        "history", str(job["id"])
+    )
+    with pytest.raises(CommandError, match="ordering_blocks needs an ordering_key"):
+        run("enqueue", "--kind", "echo", "--ordering-blocks")

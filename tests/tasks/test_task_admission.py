@@ -6,6 +6,7 @@ from django.tasks.exceptions import InvalidTask
 
 from queue_app.models import Event, Job
 from queue_app.tasks.backend import with_options
+from queue_app.worker.execution import run_one
 from tests import sample_tasks as tasks
 
 pytestmark = pytest.mark.django_db
@@ -44,3 +45,19 @@ def test_bad_options_are_refused_when_declared_or_at_enqueue_and_nothing_is_writ
     with pytest.raises(TypeError, match="unexpected keyword"):
         tasks.add.using(debounce_seconds=3)
     assert not Job.objects.exists()
+
+
+def test_using_an_ordering_key_lines_task_calls_up_in_enqueue_order():
+    ordered = tasks.add.using(ordering_key="sums", ordering_blocks=True, priority=0)
+    results = [ordered.enqueue(n, 1) for n in range(3)]
+    urgent = tasks.add.using(ordering_key="sums", priority=50).enqueue(9, 9)
+    jobs = {j.id: j for j in Job.objects.all()}
+    assert [jobs[int(r.id)].state for r in results] == ["pending", "waiting", "waiting"]
+    assert jobs[int(urgent.id)].depends["after"] == int(results[-1].id)
+    assert jobs[int(results[1].id)].depends["policy"] == "hold"
+    ran = []
+    while (job := run_one()) is not None:
+        ran.append(job.id)
+    assert ran == [int(r.id) for r in [*results, urgent]]
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        tasks.add.using(ordering="x")

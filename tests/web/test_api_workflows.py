@@ -66,3 +66,16 @@ def test_the_schema_lists_the_group_endpoints(api):
     paths = api.get("/api/openapi.json").json()["paths"]
     assert set(paths["/api/groups/{group_id}"]) == {"get"}
     assert set(paths["/api/groups"]) == {"post"}
+
+
+def test_post_jobs_takes_an_ordering_key_and_the_schema_documents_it(api):
+    a = post(api, "/api/jobs", {"kind": "echo", "ordering_key": "acct:1", "ordering_blocks": True}).json()
+    r = post(api, "/api/jobs", {"kind": "echo", "ordering_key": "acct:1", "ordering_blocks": True})
+    assert r.status_code == 201 and r.json()["state"] == State.WAITING
+    assert r.json()["ordering_key"] == "acct:1" and a["state"] == State.PENDING
+    why = api.get(f"/api/jobs/{r.json()['id']}").json()["why"]
+    assert why["text"] == f"it waits for job {a['id']}, ahead of it on ordering key 'acct:1'"
+    r = post(api, "/api/jobs", {"kind": "echo", "ordering_blocks": True})
+    assert r.status_code == 400 and "ordering_blocks needs an ordering_key" in r.json()["error"]
+    schema = api.get("/api/openapi.json").json()["components"]["schemas"]["JobIn"]["properties"]
+    assert {"ordering_key", "ordering_blocks"} <= set(schema)

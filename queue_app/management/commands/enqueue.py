@@ -31,6 +31,7 @@ DOCUMENT_KEYS = {
     *validation.ADMISSION_FIELDS,
     "depends_on",
     "on_dependency_failure",
+    *validation.ORDERING_FIELDS,
 }
 # Flags whose value is JSON: a follow-up job template.
 TEMPLATE_FLAGS = ("on_success", "on_failure")
@@ -73,6 +74,7 @@ class Command(cli.QueueCommand):
   manage.py enqueue --command "echo hi"        # shell job; needs JOBQUEUE["SHELL_JOBS"] = True
   manage.py enqueue --kind email --payload '{"to": "x@example.com"}' --json
   manage.py enqueue --kind report --depends-on 41,42 --on-dependency-failure hold   # waits for 41 and 42
+  manage.py enqueue --kind sync --ordering-key account:7 --ordering-blocks   # after account:7's last job
 
 durations: 500ms, 30s, 5m, 1h, 7d or plain seconds (inside --on-success/--on-failure,
 seconds only). The job document takes the same options under their Python names
@@ -81,7 +83,7 @@ seconds only). The job document takes the same options under their Python names
 --json prints one object: created (bool; false when a key matched a job or a debounce updated one),
 job {id (int), kind, queue, state, status (str), priority (int), payload, attempts,
 max_attempts (int), crashes (int or null: its attempts whose process died or was killed
-for its timeout), idempotency_key, concurrency_key (str or null), run_at, created_at,
+for its timeout), idempotency_key, concurrency_key, ordering_key (str or null), run_at, created_at,
 started_at, finished_at (ISO 8601 or null), lease_owner, lease_expires_at, timeout (seconds
 or null), result, last_error, progress, progress_message, metadata, cancel_requested_at},
 the same job object that inspect --json lists.
@@ -207,6 +209,17 @@ Exit status 2 on bad input (nothing is written)."""
             choices=["cancel", "run", "hold"],
             help="When one of --depends-on fails: cancel this job (default), run it anyway, or hold it.",
         )
+        parser.add_argument(
+            "--ordering-key",
+            metavar="KEY",
+            help="Jobs sharing KEY run one at a time, in enqueue order (this one waits for the one before).",
+        )
+        parser.add_argument(
+            "--ordering-blocks",
+            action="store_true",
+            default=None,
+            help="With --ordering-key: a dead-lettered job holds the next one until it is requeued and completes.",
+        )
         parser.add_argument("--json", action="store_true", help="Print {created, job} as JSON (shape below).")
 
     def handle(self, *args, **o):
@@ -254,6 +267,7 @@ Exit status 2 on bad input (nothing is written)."""
                 *ADMISSION_FLAGS,
                 "depends_on",
                 "on_dependency_failure",
+                *validation.ORDERING_FIELDS,
             )
             if o[k] is not None
         }
@@ -303,6 +317,7 @@ Exit status 2 on bad input (nothing is written)."""
             **{k: o[k] for k in ADMISSION_FLAGS},
             "depends_on": o["depends_on"],
             "on_dependency_failure": o["on_dependency_failure"],
+            **{k: o[k] for k in validation.ORDERING_FIELDS},
         }
         if o["unique_while"] is not None and "," in o["unique_while"]:
             options["unique_while"] = [s.strip() for s in o["unique_while"].split(",")]
