@@ -395,3 +395,48 @@ def test_every_transition_of_a_full_life_appends_exactly_one_event(enqueue_job):
         "completed",
     ]
     assert [e.attempt for e in events(job)] == [0, 1, 1, 2, 2, 0, 1, 1]
+
+
+def test_complete_and_claim_appends_one_event_per_attempt_edge():
+    """Acknowledging a batch as the next is claimed: one completed event per acknowledged
+    attempt and one claimed event per new lease, each job's in order."""
+    from queue_app import bulk_enqueue
+
+    bulk_enqueue([{"kind": "noop", "payload": {"n": i}} for i in range(6)])
+    first = transitions.claim("w1", limit=3)
+    done, second = transitions.complete_and_claim(
+        [(j.id, j.attempts, {"n": j.payload["n"]}, None) for j in first], "w1", limit=3
+    )
+    assert done == {j.id for j in first} and len(second) == 3
+    for job in first:
+        assert [(e.type, e.attempt) for e in events(job)] == [
+            (EventType.ENQUEUED, 0),
+            (EventType.CLAIMED, 1),
+            (EventType.COMPLETED, 1),
+        ]
+    for job in second:
+        assert [(e.type, e.attempt) for e in events(job)] == [(EventType.ENQUEUED, 0), (EventType.CLAIMED, 1)]
+    assert Job.objects.get(id=first[0].id).result == {"n": first[0].payload["n"]}
+
+
+def test_complete_and_claim_writes_no_event_when_the_claim_fails(monkeypatch):
+    """One transaction: a claim that raises rolls back the acknowledgements made with it,
+    and leaves no event behind (the worker then acknowledges them on their own)."""
+    from queue_app import bulk_enqueue
+
+    bulk_enqueue([{"kind": "noop", "payload": {}} for _ in range(4)])
+    first = transitions.claim("w1", limit=2)
+    before = Event.objects.count()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("claim failed")
+
+    monkeypatch.setattr(transitions, "claim", broken)
+    with pytest.raises(RuntimeError):
+        transitions.complete_and_claim([(j.id, j.attempts, None, None) for j in first], "w1", limit=2)
+    assert Event.objects.count() == before
+    assert set(Job.objects.filter(id__in=[j.id for j in first]).values_list("state", flat=True)) == {"leased"}
+    monkeypatch.undo()
+    done, _ = transitions.complete_and_claim([(j.id, j.attempts, None, None) for j in first], "w1", limit=2)
+    assert done == {j.id for j in first}
+    assert Event.objects.filter(type=EventType.COMPLETED).count() == 2
