@@ -212,9 +212,9 @@ def pending_breakdown(now=None):
 
 
 def workers_summary(now=None):
-    """Workers alive (running or stopping), lost, and the jobs the alive ones hold."""
+    """Workers alive (running, quiet or stopping), lost, and the jobs the alive ones hold."""
     counts = reads.worker_counts(now=now)
-    alive = counts[WorkerState.RUNNING] + counts[WorkerState.STOPPING]
+    alive = counts[WorkerState.RUNNING] + counts[WorkerState.QUIET] + counts[WorkerState.STOPPING]
     return {"alive": alive, "lost": counts[LOST], "in_hand": counts["jobs_in_hand"]}
 
 

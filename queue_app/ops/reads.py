@@ -559,6 +559,7 @@ def worker_dict(worker, now=None):
         "started_at": worker.started_at.isoformat(),
         "heartbeat_age": max(0.0, (now - worker.last_heartbeat).total_seconds()),
         "stop_requested": worker.stop_requested_at is not None,
+        "quiet_requested": worker.quiet_requested_at is not None,
     }
 
 

@@ -278,6 +278,23 @@ def worker_stop(request, worker_id):
     return redirect(reverse("queue_app_dashboard:workers"))
 
 
+@require_http_methods(["GET", "POST"])
+@_perm("queue_app.change_worker")
+def worker_quiet(request, worker_id):
+    if request.method == "GET":  # the confirmation page; the POST from it quiets
+        worker = reads.worker_rows(include_stopped=False, ids=[worker_id])
+        if not worker:
+            messages.error(request, "That worker is not running.")
+            return redirect("queue_app_dashboard:workers")
+        return _page(request, "worker_quiet.html", {"nav": "workers", "worker": worker[0]}, live=False)
+    n = operations.request_quiet([worker_id])
+    messages.success(
+        request,
+        "Quiet requested." if n else "That worker is not running, or was already told to go quiet or stop.",
+    )
+    return redirect(reverse("queue_app_dashboard:workers"))
+
+
 @_perm("queue_app.view_job")
 def queues(request):
     context = {"nav": "queues", "rows": dashboard.queues(), "limits": dashboard.limits()}

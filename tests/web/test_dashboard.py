@@ -22,7 +22,7 @@ from queue_app.core import flow, transitions
 from queue_app.core.enqueueing import enqueue
 from queue_app.handlers import registry
 from queue_app.management.commands.web import gunicorn_argv, parse_addr
-from queue_app.models import DeadLetter, Event, Job, Pause, Schedule, State, Worker
+from queue_app.models import DeadLetter, Event, Job, Pause, Schedule, State, Worker, WorkerState
 from queue_app.ops import dashboard, reads
 from queue_app.worker import schedules as scheduling
 from queue_app.worker.execution import run_one
@@ -301,6 +301,27 @@ def test_the_workers_page_lists_each_workers_jobs_in_hand_and_its_kinds(operator
     page = response.content.decode()
     assert f'data-held="{running.id}"' in page and "running 1m" in page and "not started" in page
     assert "<td>export</td>" in page
+
+
+def test_quiet_asks_first_on_a_page_of_its_own_then_the_worker_shows_quiet_requested(operator):
+    worker = Worker.objects.create(name="a", host="h", pid=1, jobs_in_hand=2)
+    assert url("worker_quiet", worker.id) in operator.get(url("workers")).content.decode()
+    confirm = operator.get(url("worker_quiet", worker.id)).content.decode()
+    assert "Quiet worker a?" in confirm and "It holds 2 jobs now" in confirm
+    assert Worker.objects.get(id=worker.id).quiet_requested_at is None
+    operator.post(url("worker_quiet", worker.id))
+    assert Worker.objects.get(id=worker.id).quiet_requested_at is not None
+    page = operator.get(url("workers")).content.decode()
+    assert "quiet requested" in page and url("worker_quiet", worker.id) not in page
+    Worker.objects.filter(id=worker.id).update(state=WorkerState.QUIET)
+    assert 'data-status="quiet"' in operator.get(url("workers")).content.decode()
+
+
+def test_viewer_cannot_quiet_a_worker(viewer):
+    worker = Worker.objects.create(name="a", host="h", pid=1)
+    assert viewer.post(url("worker_quiet", worker.id)).status_code == 403
+    assert viewer.get(url("worker_quiet", worker.id)).status_code == 403
+    assert Worker.objects.get(id=worker.id).quiet_requested_at is None
 
 
 def test_viewer_cannot_stop_a_worker(viewer):

@@ -97,6 +97,8 @@ API = [
     ("replay", "operate", "post", "/api/dead-letters/{letter}/replay", None, 200),
     ("pause", "operate", "post", "/api/pauses", {"queue": "other"}, 201),
     ("resume", "operate", "delete", "/api/pauses?queue=mail", None, 200),
+    ("quiet worker", "operate", "post", "/api/workers/{worker}/quiet", None, 200),
+    ("stop worker", "operate", "post", "/api/workers/{worker}/stop", None, 200),
     ("create group", "enqueue", "post", "/api/groups", {"jobs": [{"kind": "echo"}]}, 201),
     ("get group", "read", "get", "/api/groups/{group}", None, 200),
 ]
@@ -142,6 +144,8 @@ DASHBOARD = [
     ),
     ("stop worker", "act", "post", "worker_stop", ("worker",), {}),
     ("stop worker: confirm", "confirm", "get", "worker_stop", ("worker",), None),
+    ("quiet worker", "act", "post", "worker_quiet", ("worker",), {}),
+    ("quiet worker: confirm", "confirm", "get", "worker_quiet", ("worker",), None),
     ("schedules", "page", "get", "schedules", (), None),
     ("workflow", "page", "get", "workflow", ("pending",), None),
     ("run schedule now", "act", "post", "schedule_run_now", ("nightly",), {}),
@@ -175,7 +179,7 @@ def fingerprint():
         sorted(Job.objects.values_list("id", "state", "priority", "run_at", "payload")),
         Event.objects.count(),
         sorted(Pause.objects.values_list("scope", "name")),
-        sorted(Worker.objects.values_list("id", "stop_requested_at")),
+        sorted(Worker.objects.values_list("id", "stop_requested_at", "quiet_requested_at")),
         sorted(Schedule.objects.values_list("name", "enabled")),
     )
 
@@ -233,7 +237,13 @@ def test_dashboard(client, world, principal, endpoint):
 
 
 def test_the_matrix_covers_every_api_operation_and_dashboard_view():
-    ids = {"{pending}": "{job_id}", "{dead}": "{job_id}", "{letter}": "{letter_id}", "{group}": "{group_id}"}
+    ids = {
+        "{pending}": "{job_id}",
+        "{dead}": "{job_id}",
+        "{letter}": "{letter_id}",
+        "{group}": "{group_id}",
+        "{worker}": "{worker_id}",
+    }
 
     def template(path):
         path = path.removeprefix("/api").split("?")[0]
