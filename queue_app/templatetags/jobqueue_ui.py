@@ -32,6 +32,14 @@ def took(value):
 
 
 @register.filter
+def rate(per_minute):
+    """Events per minute as 12/min, 0.4/min, or 0 when none."""
+    if not per_minute:
+        return "0"
+    return f"{per_minute:,.0f}/min" if per_minute >= 10 else f"{per_minute:.1f}/min"
+
+
+@register.filter
 def label(name):
     """A state, status or event name as words: dead_letter -> dead letter."""
     return str(name).replace("_", " ")

@@ -297,7 +297,11 @@ def worker_quiet(request, worker_id):
 
 @_perm("queue_app.view_job")
 def queues(request):
-    context = {"nav": "queues", "rows": dashboard.queues(), "limits": dashboard.limits()}
+    window = request.GET.get("window", "") or reads.FLOW_WINDOW_DEFAULT
+    if window not in reads.FLOW_WINDOWS:
+        messages.error(request, f"Unknown window {window!r}; showing {reads.FLOW_WINDOW_DEFAULT}.")
+        window = reads.FLOW_WINDOW_DEFAULT
+    context = {"nav": "queues", **dashboard.queues(window=window), "limits": dashboard.limits()}
     return _page(request, "queues.html", context)
 
 

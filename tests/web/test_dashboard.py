@@ -22,7 +22,7 @@ from queue_app.core import flow, transitions
 from queue_app.core.enqueueing import enqueue
 from queue_app.handlers import registry
 from queue_app.management.commands.web import gunicorn_argv, parse_addr
-from queue_app.models import DeadLetter, Event, Job, Pause, Schedule, State, Worker, WorkerState
+from queue_app.models import DeadLetter, Event, EventType, Job, Pause, Schedule, State, Worker, WorkerState
 from queue_app.ops import dashboard, reads
 from queue_app.worker import schedules as scheduling
 from queue_app.worker.execution import run_one
@@ -390,7 +390,17 @@ def _row(rows, queue, kind):
     return found
 
 
-COUNTS = ("waiting", "ready", "later", "paused", "leased", "deadletter", "completed_hour", "failed_hour")
+COUNTS = (
+    "waiting",
+    "ready",
+    "scheduled",
+    "retrying",
+    "paused",
+    "leased",
+    "deadletter",
+    "completed",
+    "failed",
+)
 
 
 def test_queues_page_counts_live_jobs_per_queue_and_kind_by_status(viewer):
@@ -404,12 +414,13 @@ def test_queues_page_counts_live_jobs_per_queue_and_kind_by_status(viewer):
     assert {k: row[k] for k in COUNTS} == {
         "waiting": 0,
         "ready": 2,
-        "later": 1,
+        "scheduled": 1,
+        "retrying": 0,
         "paused": 0,
         "leased": 0,
         "deadletter": 1,
-        "completed_hour": 0,
-        "failed_hour": 0,
+        "completed": 0,
+        "failed": 0,
     }
     assert 290 < row["oldest_ready_seconds"] < 400
     assert not row["queue_paused"] and not row["kind_paused"]
@@ -428,16 +439,53 @@ def test_a_paused_queues_jobs_are_held_not_ready_nor_oldest_on_the_queues_page(v
     assert 'data-paused="queue"' in response.content.decode()
 
 
-def test_the_queues_page_shows_the_last_hours_attempts_and_mean_run_time(viewer):
+def test_the_queues_page_shows_the_windows_attempts_rates_and_wait_and_run_percentiles(viewer):
     enqueue("echo", {"n": 1}, queue_name="fast")
     run_one(worker_id="w-test")
     failed_job(kind="boom")
-    rows = viewer.get(url("queues")).context["rows"]
+    response = viewer.get(url("queues"))
+    rows = response.context["rows"]
     fast = _row(rows, "fast", "echo")
-    assert (fast["completed_hour"], fast["failed_hour"], fast["ready"]) == (1, 0, 0)
-    assert fast["mean_run"] is not None and fast["mean_run"] >= timedelta(0)
+    assert (fast["enqueued"], fast["completed"], fast["failed"], fast["ready"]) == (1, 1, 0, 0)
+    assert fast["completed_per_minute"] == pytest.approx(1 / 60)
+    assert fast["sampled"] == 1 and 0 <= fast["wait_p50"] <= fast["wait_p95"] < 60
+    assert 0 <= fast["run_p50"] <= fast["run_p95"] < 60
+    assert sum(fast["completed_series"]) == 1 and len(fast["completed_series"]) == 60
     boom = _row(rows, "default", "boom")
-    assert (boom["completed_hour"], boom["failed_hour"], boom["deadletter"]) == (0, 1, 1)
+    assert (boom["completed"], boom["failed"], boom["deadletter"]) == (0, 1, 1)
+    page = response.content.decode()
+    assert page.count('<svg class="spark"') == 2 and "1 enqueued, 1 completed, 0 failed" in page
+    assert "?queue=fast&amp;kind=echo&amp;status=ready" in page
+
+
+def test_the_queues_pages_percentiles_come_from_each_attempts_claim_and_completion(viewer):
+    now = timezone.now()
+    for waited, ran in [(1, 2), (2, 4), (3, 6), (4, 8), (100, 200)]:
+        job = JobFactory(
+            queue_name="q", kind="k", state=State.COMPLETED, attempts=1, run_at=now - timedelta(seconds=300)
+        )
+        claimed = now - timedelta(seconds=300 - waited)
+        Event.objects.create(job=job, type=EventType.CLAIMED, attempt=1, at=claimed)
+        Event.objects.create(
+            job=job, type=EventType.COMPLETED, attempt=1, at=claimed + timedelta(seconds=ran)
+        )
+    row = _row(viewer.get(url("queues") + "?window=15m").context["rows"], "q", "k")
+    assert (row["wait_p50"], row["wait_p95"]) == pytest.approx((3, 100))
+    assert (row["run_p50"], row["run_p95"]) == pytest.approx((6, 200))
+    assert row["completed"] == 5 and len(row["completed_series"]) == 15
+
+
+def test_the_queues_window_leaves_out_older_attempts_and_refuses_an_unknown_window(viewer):
+    job = JobFactory(queue_name="q", kind="k", state=State.COMPLETED)
+    Event.objects.create(
+        job=job, type=EventType.COMPLETED, attempt=1, at=timezone.now() - timedelta(minutes=10)
+    )
+    assert _row(viewer.get(url("queues") + "?window=15m").context["rows"], "q", "k")["completed"] == 1
+    assert viewer.get(url("queues") + "?window=5m").context["rows"] == []
+    response = viewer.get(url("queues") + "?window=9y", follow=True)
+    assert response.context["window"] == "1h" and "Unknown window" in response.content.decode()
+    day = viewer.get(url("queues") + "?window=24h").context["rows"]
+    assert len(_row(day, "q", "k")["completed_series"]) == 24
 
 
 def test_pause_and_resume_buttons_pause_and_resume_a_queue_and_a_kind(client):
