@@ -5,7 +5,6 @@ person can look at what the operator sees.
 """
 
 import os
-import re
 from datetime import timedelta
 from pathlib import Path
 
@@ -17,17 +16,7 @@ from queue_app.core import flow
 from queue_app.core.enqueueing import enqueue
 from queue_app.models import Job, State
 from queue_app.worker.execution import run_one
-
-CHROMIUM = "/usr/bin/chromium"
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-]
-TIMEOUT_MS = 15_000
+from tests.browser.conftest import CHROMIUM
 
 pytestmark = [
     pytest.mark.browser,
@@ -35,47 +24,6 @@ pytestmark = [
         not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is missing (apt-get install chromium)"
     ),
 ]
-
-
-@pytest.fixture(autouse=True)
-def _fast(settings):
-    # Refresh every second so the tests watch it happen without waiting five.
-    settings.JOBQUEUE = {**getattr(settings, "JOBQUEUE", {}), "DASHBOARD_REFRESH_SECONDS": 1}
-
-
-@pytest.fixture(scope="module")
-def browser():
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-    # Playwright's sync API keeps an event loop running in this thread; Django then
-    # refuses ORM calls here unless told that this (test-only) mix is intended.
-    before = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
-    try:
-        with sync_api.sync_playwright() as p:
-            chromium = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-            yield chromium
-            chromium.close()
-    finally:
-        if before is None:
-            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
-        else:
-            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = before
-
-
-@pytest.fixture
-def page(browser, live_server, django_user_model):
-    django_user_model.objects.create_superuser("boss", "boss@example.com", "pw")
-    context = browser.new_context(base_url=live_server.url, viewport={"width": 1280, "height": 900})
-    context.set_default_timeout(TIMEOUT_MS)
-    tab = context.new_page()
-    tab.goto("/dashboard/")
-    # Not logged in: the admin's login form, then back to the dashboard.
-    tab.fill("#id_username", "boss")
-    tab.fill("#id_password", "pw")
-    tab.click("input[type=submit]")
-    tab.wait_for_url(re.compile(r"/dashboard/$"))
-    yield tab
-    context.close()
 
 
 def shot(tab, name):
