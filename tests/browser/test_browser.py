@@ -5,6 +5,7 @@ person can look at what the operator sees.
 """
 
 import os
+import re
 from datetime import timedelta
 from pathlib import Path
 
@@ -255,3 +256,29 @@ def test_rows_picked_for_a_bulk_action_stay_picked_across_a_refresh(page):
         arg=swaps,
     )
     assert page.is_checked(f'input[name="ids"][value="{a.id}"]')
+
+
+@pytest.mark.django_db(transaction=True)
+def test_refresh_holds_while_the_pointer_moves_over_the_rows_and_resumes_when_it_rests(page):
+    enqueue("echo", {"n": 1})
+    page.goto("/dashboard/jobs/")
+    page.wait_for_function("() => Number(document.getElementById('live').dataset.swaps || 0) >= 1")
+    row = page.locator("#live tbody tr").first.bounding_box()
+    enqueue("echo", {"n": 2})
+    for i in range(30):  # 3 s of small moves over the first row: longer than two refreshes
+        page.mouse.move(row["x"] + 20 + i % 5, row["y"] + row["height"] / 2)
+        page.wait_for_timeout(100)
+    assert page.locator("#live tbody tr").count() == 1
+    assert "Held while the pointer moves over the rows" in page.inner_text("#live-status")
+    # Resting: the next refresh shows the new job.
+    page.wait_for_function("() => document.querySelectorAll('#live tbody tr').length >= 2")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_footers_clock_is_the_sites_time_zone(page, settings):
+    settings.TIME_ZONE = "Asia/Kolkata"
+    page.reload()
+    page.wait_for_function("() => Number(document.getElementById('live').dataset.swaps || 0) >= 1")
+    status = page.inner_text("#live-status")
+    assert re.search(r"Updated \d\d:\d\d:\d\d Asia/Kolkata", status), status
+    assert "times in Asia/Kolkata" in page.inner_text("footer")

@@ -10,6 +10,7 @@ import time
 import urllib.request
 from datetime import timedelta
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -920,3 +921,15 @@ def test_a_bulk_action_not_on_offer_is_refused(operator):
     response = bulk(operator, action="edit_payload", scope="selected", ids=[job.id], confirm="yes")
     assert "choose a bulk action" in response.content.decode()
     assert Job.objects.get(id=job.id).state == State.PENDING
+
+
+def test_every_stamp_and_the_clock_note_use_the_sites_time_zone_24_hour(viewer, settings):
+    settings.TIME_ZONE = "Asia/Kolkata"  # +05:30 all year: no daylight saving to dodge
+    job = enqueue("echo", {"n": 1})
+    created = job.created_at.astimezone(ZoneInfo("Asia/Kolkata"))
+    page = viewer.get(url("job", job.id)).content.decode()
+    assert created.strftime("%Y-%m-%d %H:%M:%S") in page
+    assert 'data-tz="Asia/Kolkata"' in page and "times in Asia/Kolkata, 24-hour" in page
+    overview = viewer.get(url("overview")).content.decode()
+    assert re.search(r"Read at \d\d:\d\d:\d\d Asia/Kolkata", overview)
+    assert " UTC" not in overview
