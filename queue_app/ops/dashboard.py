@@ -320,11 +320,12 @@ def schedules(now=None):
     return rows
 
 
-def running(now=None):
-    """The running-now page's rows: each leased job with its worker (the registered row
-    whose name starts its lease owner), child, runtime and time left on its lease."""
+def running(now=None, worker=None):
+    """The running-now page's rows (only ``worker``'s, a name, if given): each leased job
+    with its worker (the registered row whose name starts its lease owner), child, runtime
+    and time left on its lease."""
     now = now or timezone.now()
-    jobs = reads.running_now()
+    jobs = reads.running_now(worker=worker)
     names = sorted({w.name for w in reads.worker_rows(include_stopped=False)}, key=len, reverse=True)
     rows = []
     for job in jobs:

@@ -591,10 +591,13 @@ def latest_job_with_key_prefix(prefix):
     return qs.defer("payload", "result").order_by("-id").first()
 
 
-def running_now(*, limit=200):
+def running_now(*, worker=None, limit=200):
     """Leased jobs, longest running first (claimed but not started last), with their lease
-    owner's worker and child: the "running now" view. Payloads are left in the table."""
+    owner's worker and child: the "running now" view, or only ``worker``'s (a name).
+    Payloads are left in the table."""
     qs = Job.objects.filter(state=State.LEASED).defer("payload", "result", "last_error")
+    if worker:
+        qs = qs.filter(lease_owner__startswith=f"{worker}/")
     return list(qs.order_by(F("started_at").asc(nulls_last=True), "id")[:limit])
 
 

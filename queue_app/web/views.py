@@ -254,7 +254,9 @@ def dead_letters(request):
 
 @_perm("queue_app.view_job")
 def running(request):
-    return _page(request, "running.html", {"nav": "running", "rows": dashboard.running()})
+    worker = request.GET.get("worker", "").strip()
+    context = {"nav": "running", "rows": dashboard.running(worker=worker or None), "worker": worker}
+    return _page(request, "running.html", context)
 
 
 @_perm("queue_app.view_worker")

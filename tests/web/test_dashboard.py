@@ -844,6 +844,17 @@ def test_the_running_now_page_lists_leased_jobs_with_worker_child_runtime_progre
     )
 
 
+def test_a_workers_in_hand_count_links_to_running_now_narrowed_to_that_worker(viewer):
+    Worker.objects.create(name="w1", host="h", pid=1, jobs_in_hand=1)
+    Worker.objects.create(name="w10", host="h", pid=2, jobs_in_hand=1)
+    mine = JobFactory(leased=True, lease_owner="w1/tok/c0")
+    JobFactory(leased=True, lease_owner="w10/tok/c0")  # "w1" starts its name, not its owner
+    assert url("running") + "?worker=w1" in viewer.get(url("workers")).content.decode()
+    response = viewer.get(url("running") + "?worker=w1")
+    assert [r["job"].id for r in response.context["rows"]] == [mine.id]
+    assert "The jobs worker <strong>w1</strong> holds" in response.content.decode()
+
+
 def test_a_schedule_is_disabled_and_enabled_from_its_page(client):
     client.force_login(make_staff("sched", *READ, "queue_app.view_schedule", "queue_app.change_schedule"))
     Schedule.objects.create(name="nightly", cron="0 3 * * *", kind="echo")
