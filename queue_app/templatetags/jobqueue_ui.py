@@ -33,10 +33,14 @@ def took(value):
 
 @register.filter
 def rate(per_minute):
-    """Events per minute as 12/min, 0.4/min, or 0 when none."""
+    """Events per minute in words that keep a trickle visible: 12/min, 1.5/min, 3/h, 0."""
     if not per_minute:
         return "0"
-    return f"{per_minute:,.0f}/min" if per_minute >= 10 else f"{per_minute:.1f}/min"
+    if per_minute >= 10:
+        return f"{per_minute:,.0f}/min"
+    if per_minute >= 1:
+        return f"{per_minute:.1f}/min"
+    return f"{per_minute * 60:.0f}/h" if per_minute * 60 >= 1 else "<1/h"
 
 
 @register.filter

@@ -14,6 +14,7 @@ from queue_app.core.enqueueing import enqueue
 from queue_app.models import Schedule, Worker
 from queue_app.worker.execution import run_one
 from tests.browser.conftest import CHROMIUM
+from tests.browser.test_browser import shot
 
 pytestmark = [
     pytest.mark.browser,
@@ -90,6 +91,8 @@ def test_every_dashboard_page_has_no_serious_accessibility_violation(page, world
     found = {}
     for name, path in pages(world):
         page.goto(path)
+        if name in ("queues", "workers", "running now"):
+            shot(page, name.replace(" ", "-"))
         problems = blocking(page)
         if problems:
             found[name] = problems

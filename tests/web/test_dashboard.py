@@ -25,6 +25,7 @@ from queue_app.handlers import registry
 from queue_app.management.commands.web import gunicorn_argv, parse_addr
 from queue_app.models import DeadLetter, Event, EventType, Job, Pause, Schedule, State, Worker, WorkerState
 from queue_app.ops import dashboard, reads
+from queue_app.templatetags import jobqueue_ui
 from queue_app.worker import schedules as scheduling
 from queue_app.worker.execution import run_one
 from tests.factories import DeadLetterFactory, JobFactory, make_staff
@@ -457,6 +458,15 @@ def test_the_queues_page_shows_the_windows_attempts_rates_and_wait_and_run_perce
     page = response.content.decode()
     assert page.count('<svg class="spark"') == 2 and "1 enqueued, 1 completed, 0 failed" in page
     assert "?queue=fast&amp;kind=echo&amp;status=ready" in page
+    assert '<td class="n" data-count="completed" title="1 completed in 1h">1/h</td>' in page
+
+
+@pytest.mark.parametrize(
+    "per_minute, shown",
+    [(0, "0"), (0.001, "<1/h"), (1 / 60, "1/h"), (0.5, "30/h"), (2.25, "2.2/min"), (1234, "1,234/min")],
+)
+def test_rates_keep_a_trickle_visible(per_minute, shown):
+    assert jobqueue_ui.rate(per_minute) == shown
 
 
 def test_the_queues_pages_percentiles_come_from_each_attempts_claim_and_completion(viewer):
