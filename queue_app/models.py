@@ -559,6 +559,10 @@ class WorkerQuerySet(models.QuerySet):
         """Workers not stopped whose heartbeat is fresh: running, quiet or stopping, not lost."""
         return self.alive().filter(last_heartbeat__gte=lost_before(now))
 
+    def leasing(self, now=None):
+        """Live workers that lease: running, neither quiet nor stopping."""
+        return self.live(now).filter(state=WorkerState.RUNNING)
+
     def status(self, name, now=None):
         """Workers whose status (Worker.status) is ``name``; ValueError for another name."""
         if name == LOST:

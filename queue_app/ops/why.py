@@ -88,7 +88,7 @@ def _limited(job, now):
 def _unserved(job, now):
     serving = [
         w
-        for w in Worker.objects.live(now).only("queues", "kinds")
+        for w in Worker.objects.leasing(now).only("queues", "kinds")
         if (not w.queues or "*" in w.queues or job.queue_name in w.queues)
         and (not w.kinds or "*" in w.kinds or job.kind in w.kinds)
     ]
@@ -97,6 +97,12 @@ def _unserved(job, now):
     workers = reverse("queue_app_dashboard:workers")
     if not Worker.objects.live(now).exists():
         return Reason("no_worker", "no worker is running: start one with manage.py runworker", workers)
+    if not Worker.objects.leasing(now).exists():
+        return Reason(
+            "no_worker",
+            "every live worker is quiet or stopping, so none leases: start one with manage.py runworker",
+            workers,
+        )
     return Reason(
         "no_worker_serves",
         f"no live worker serves queue {job.queue_name!r} and kind {job.kind!r}: "

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from queue_app.core import flow
 from queue_app.core.enqueueing import enqueue
-from queue_app.models import KindLimit
+from queue_app.models import KindLimit, Worker, WorkerState
 from queue_app.ops.why import why
 from tests.factories import JobFactory, WorkerFactory, make_staff
 
@@ -90,6 +90,18 @@ def test_no_worker_at_all_and_workers_that_serve_other_queues():
     reason = why(job)
     assert reason.code == "no_worker_serves" and "runworker --queue reports" in reason.text
     WorkerFactory(queues=["reports"], last_heartbeat=timezone.now())
+    assert code(job) == "eligible"
+
+
+def test_a_quiet_or_stopping_worker_serves_nothing_new():
+    job = enqueue("echo", {}, queue_name="reports")
+    quiet = WorkerFactory(queues=["*"], state=WorkerState.QUIET, last_heartbeat=timezone.now())
+    WorkerFactory(queues=["*"], state=WorkerState.STOPPING, last_heartbeat=timezone.now())
+    reason = why(job)
+    assert reason.code == "no_worker" and "quiet or stopping" in reason.text
+    WorkerFactory(queues=["mail"], last_heartbeat=timezone.now())
+    assert code(job) == "no_worker_serves"
+    Worker.objects.filter(id=quiet.id).update(state=WorkerState.RUNNING)
     assert code(job) == "eligible"
 
 
