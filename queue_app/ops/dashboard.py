@@ -277,11 +277,14 @@ def spark(row, start, bucket, width=160, height=32):
     return Spark(bars=bars, line=" ".join(points), max=top, label=label, width=width, height=height)
 
 
-def queues(now=None, window=reads.FLOW_WINDOW_DEFAULT):
-    """The queues page: reads.queues() rows over ``window``, each with its flow chart and
-    what its Pause/Resume buttons act on: (scope, name, paused now) for its queue and its kind."""
+def queues(now=None, window=reads.FLOW_WINDOW_DEFAULT, limits=()):
+    """The queues page: reads.queues() rows over ``window``, each with its flow chart, its
+    kind's limit (of ``limits``, as limits() gives them) and what its Pause/Resume buttons
+    act on: (scope, name, paused now) for its queue and its kind."""
     rows, start, bucket = reads.queues(now, window)
+    by_kind = {entry["limit"].kind: entry for entry in limits}
     for r in rows:
+        r["limit"] = by_kind.get(r["kind"])
         r["pause_targets"] = [("queue", r["queue"], r["queue_paused"]), ("kind", r["kind"], r["kind_paused"])]
         r["spark"] = spark(r, start, bucket)
     return {

@@ -303,7 +303,8 @@ def queues(request):
     if window not in reads.FLOW_WINDOWS:
         messages.error(request, f"Unknown window {window!r}; showing {reads.FLOW_WINDOW_DEFAULT}.")
         window = reads.FLOW_WINDOW_DEFAULT
-    context = {"nav": "queues", **dashboard.queues(window=window), "limits": dashboard.limits()}
+    limits = dashboard.limits()
+    context = {"nav": "queues", **dashboard.queues(window=window, limits=limits), "limits": limits}
     return _page(request, "queues.html", context)
 
 

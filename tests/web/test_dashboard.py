@@ -723,6 +723,9 @@ def test_the_queues_page_shows_each_kind_limit_and_how_full_it_is(viewer):
     assert (limit["limit"].kind, limit["leased"], limit["keys_full"]) == ("export", 2, None)
     page = response.content.decode()
     assert 'data-limit="export"' in page and "2 / 2" in page and "per 1m00s" in page
+    (row,) = [r for r in response.context["rows"] if r["kind"] == "export"]
+    assert row["limit"]["leased"] == 2
+    assert '<span class="warn">2 of 2 leased</span> · 0 of 10 per 1m00s' in page
 
 
 # --- the job page -----------------------------------------------------------------------
