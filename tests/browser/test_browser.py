@@ -13,9 +13,9 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from queue_app.core import flow
+from queue_app.core import flow, transitions
 from queue_app.core.enqueueing import enqueue
-from queue_app.models import Job, State
+from queue_app.models import Job, State, Worker
 from queue_app.worker.execution import run_one
 from tests.browser.conftest import CHROMIUM
 
@@ -282,3 +282,54 @@ def test_the_footers_clock_is_the_sites_time_zone(page, settings):
     status = page.inner_text("#live-status")
     assert re.search(r"Updated \d\d:\d\d:\d\d Asia/Kolkata", status), status
     assert "times in Asia/Kolkata" in page.inner_text("footer")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_job_page_says_why_for_each_reason_set_up_for_real(page):
+    def why(job):
+        page.goto(f"/dashboard/jobs/{job.id}/")
+        cell = page.locator("[data-why]")
+        return cell.get_attribute("data-why"), cell.inner_text()
+
+    alone = enqueue("echo", {}, queue_name="solo")
+    assert why(alone)[0] == "no_worker"
+    Worker.objects.create(name="w-mail", host="h", pid=1, queues=["mail"])
+    code, text = why(alone)
+    assert code == "no_worker_serves" and "runworker --queue solo" in text
+    Worker.objects.create(name="w-all", host="h", pid=2, queues=["*"])
+
+    later = enqueue("echo", {}, run_at=timezone.now() + timedelta(minutes=4))
+    code, text = why(later)
+    assert code == "scheduled" and re.search(r"in [34]m\d\ds, at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", text), (
+        text
+    )
+
+    flaky = enqueue("boom", {"message": "smtp refused"}, max_attempts=3, queue_name="retry")
+    run_one(worker_id="w-all/t/c0", queues=["retry"])
+    code, text = why(flaky)
+    assert code == "retrying" and "backing off after attempt 1 (retry in" in text
+
+    flow.pause(kind="report", actor="ops", reason="quota")
+    report = enqueue("report", {})
+    code, text = why(report)
+    assert code == "kind_paused" and "by ops" in text and "(quota)" in text
+
+    flow.set_limit("export", concurrency=1)
+    enqueue("export", {"n": 1}, queue_name="exports")
+    transitions.claim("w-all/t/c0", queues=["exports"], kinds=["export"])
+    held = enqueue("export", {"n": 2}, queue_name="exports")
+    code, text = why(held)
+    assert code == "concurrency_limit" and "(1 of 1 leased)" in text
+
+    flow.set_limit("sync", rate_limit=1, rate_period=600)
+    enqueue("sync", {"n": 1}, queue_name="syncs")
+    assert transitions.claim("w-all/t/c0", queues=["syncs"])
+    spent = enqueue("sync", {"n": 2}, queue_name="syncs")
+    code, text = why(spent)
+    assert code == "rate_limit" and "(1 of 1 starts per 10m" in text and "UTC (in " in text
+
+    first = enqueue("echo", {"n": 1}, queue_name="busy", priority=5)
+    second = enqueue("echo", {"n": 2}, queue_name="busy")
+    code, text = why(second)
+    assert code == "busy" and "1 ready job(s) of queue 'busy' lease before it" in text
+    assert why(first)[0] == "eligible"

@@ -140,3 +140,13 @@ def test_the_job_page_history_and_the_api_say_why(client, worker):
     assert body["why"]["code"] == "queue_paused" and body["why"]["link"] == "/dashboard/queues/"
     done = JobFactory(state="completed")
     assert client.get(f"/api/jobs/{done.id}").json()["why"] is None
+
+
+def test_the_reasons_times_are_on_the_sites_clock(worker, settings):
+    settings.TIME_ZONE = "Asia/Kolkata"
+    at = timezone.now() + timedelta(hours=2)
+    later = enqueue("echo", {}, run_at=at)
+    shown = timezone.localtime(at, timezone.get_current_timezone()).strftime("%Y-%m-%d %H:%M:%S")
+    assert f"at {shown} Asia/Kolkata" in why(later).text
+    flow.pause(queue="mail", actor="ops")
+    assert why(enqueue("echo", {}, queue_name="mail")).text.count("Asia/Kolkata") == 1
