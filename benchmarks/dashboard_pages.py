@@ -5,7 +5,7 @@
 Creates the database if needed, migrates it, seeds N jobs (default 1,000,000) with
 INSERT ... SELECT generate_series: 70% completed, 20% pending (ready, scheduled and
 retrying), and the rest leased, dead-lettered and cancelled, with enqueued and
-completed events spread over the last two hours. Then asks each page through Django's
+claimed and completed events spread over the last two hours. Then asks each page through Django's
 test client (the whole stack but the socket) and prints the median of 5 requests.
 """
 
@@ -20,6 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "jobqueue_project.settings")
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/jq_bench")
+# Sessions are signed: the test client logs in, so a throwaway key (never a site's).
+os.environ.setdefault("SECRET_KEY", "dashboard-pages-benchmark-only")
 
 SEED = """
 INSERT INTO queue_app_job (kind, queue_name, payload, priority, run_at, state, attempts, max_attempts,
@@ -56,6 +58,10 @@ EVENTS = """
 INSERT INTO queue_app_event (job_id, type, at, attempt, worker, from_state, to_state, message, metadata)
 SELECT id, 'enqueued', created_at, 0, '', '', 'pending', '', '{}'::jsonb FROM queue_app_job
 UNION ALL
+SELECT id, 'claimed', finished_at - (id % 10) * interval '1 second', 1, 'bench-worker', 'pending', 'leased', '',
+       '{}'::jsonb
+FROM queue_app_job WHERE state = 'completed'
+UNION ALL
 SELECT id, 'completed', finished_at, 1, 'bench-worker', 'leased', 'completed', '', '{}'::jsonb
 FROM queue_app_job WHERE state = 'completed'
 UNION ALL
@@ -88,6 +94,10 @@ def seed(n):
         t = time.perf_counter()
         cursor.execute(SEED, {"n": n})
         cursor.execute(EVENTS)
+        cursor.execute(
+            "UPDATE queue_app_job SET run_at = started_at - (id % 30) * interval '1 second' "
+            "WHERE state = 'completed'"
+        )
         cursor.execute(LETTERS)
         print(f"seeded {n:,} jobs with events in {time.perf_counter() - t:.1f}s")
     # Fresh statistics and a visibility map, as autovacuum would give a live table.
@@ -149,7 +159,12 @@ def main():
         ("job detail", f"/dashboard/jobs/{some}/"),
         ("dead letters", "/dashboard/dead-letters/"),
         ("workers", "/dashboard/workers/"),
-        ("queues", "/dashboard/queues/"),
+        ("queues (window 1h)", "/dashboard/queues/"),
+        ("queues ?window=5m", "/dashboard/queues/?window=5m"),
+        ("queues ?window=24h", "/dashboard/queues/?window=24h"),
+        ("queues partial", "/dashboard/queues/?partial=1"),
+        ("running now", "/dashboard/running/"),
+        ("schedules", "/dashboard/schedules/"),
         ("admin jobs", "/admin/queue_app/job/"),
         ("admin jobs ?status=late", "/admin/queue_app/job/?status=late"),
         ("admin jobs search", "/admin/queue_app/job/?q=user123@example"),

@@ -513,18 +513,19 @@ class WorkerAdmin(QueueModelAdmin):
         "queues",
         "started_at",
         "stop_requested_at",
+        "quiet_requested_at",
     ]
     list_filter = [WorkerStatusFilter, "host"]
     search_fields = ["name", "host"]
     readonly_fields = [f.name for f in Worker._meta.fields]
-    actions = ["stop"]
+    actions = ["quiet", "stop"]
 
     def has_add_permission(self, request):
         return False
 
     def has_change_permission(self, request, obj=None):
-        # The row is the worker's own report; the only thing an operator changes is
-        # the stop request, through the action.
+        # The row is the worker's own report; the only things an operator changes are
+        # the quiet and stop requests, through the actions.
         return obj is None and super().has_change_permission(request)
 
     def get_actions(self, request, action_location=ACTION_LIST):
@@ -536,6 +537,16 @@ class WorkerAdmin(QueueModelAdmin):
     def stop(self, request, queryset):
         n = operations.request_stop(queryset.values_list("id", flat=True))
         self.message_user(request, f"Stop requested for {n} worker{'s' if n != 1 else ''}.", messages.SUCCESS)
+
+    @admin.action(
+        description="Quiet selected workers (lease no more, finish what they hold, stay up)",
+        permissions=["change"],
+    )
+    def quiet(self, request, queryset):
+        n = operations.request_quiet(queryset.values_list("id", flat=True))
+        self.message_user(
+            request, f"Quiet requested for {n} worker{'s' if n != 1 else ''}.", messages.SUCCESS
+        )
 
     @admin.display(description="status")
     def status(self, worker):

@@ -195,6 +195,9 @@ DEFAULTS = {
     "DASHBOARD_COUNT_CAP": 100000,
     "DASHBOARD_PAGE_SIZE": 50,
     "DASHBOARD_REFRESH_SECONDS": 5,
+    # The queues page's wait and run percentiles come from the newest this many completed
+    # attempts in its window: a bounded read at any volume, exact below it.
+    "DASHBOARD_DURATION_SAMPLE": 5000,
     # Flow control (flow.py): kind -> {"concurrency": N, "per_key": N, "rate_limit": N,
     # "rate_period": s}; per_key caps leased jobs per Job.concurrency_key.
     # Copied into the KindLimit table when a worker starts or `manage.py limits --sync`

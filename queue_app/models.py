@@ -525,6 +525,9 @@ class DeadLetter(models.Model):
 class WorkerState(models.TextChoices):
     # Leasing and running jobs.
     RUNNING = "running"
+    # Told to go quiet (a quiet request): no new leases, running what it holds, and
+    # staying up (heartbeat, recovery) until told to stop, so a deploy can drain it first.
+    QUIET = "quiet"
     # Told to stop (signal or stop request): no new leases, finishing claimed work.
     STOPPING = "stopping"
     # Exited cleanly and released what it held. A running worker whose heartbeat is
@@ -536,6 +539,7 @@ LOST = "lost"
 # A worker's status (Worker.status) in display order, with its one-line meaning.
 WORKER_STATUSES = {
     WorkerState.RUNNING: "leasing and running jobs, heartbeat fresh",
+    WorkerState.QUIET: "leasing no more, running what it holds, up until told to stop",
     WorkerState.STOPPING: "finishing its claimed jobs, leasing no more",
     LOST: "not stopped, but silent for longer than a lease (LEASE_SECONDS): its leases have lapsed",
     WorkerState.STOPPED: "exited cleanly and released what it held",
@@ -561,8 +565,12 @@ class WorkerQuerySet(models.QuerySet):
         return self.alive().filter(last_heartbeat__lt=lost_before(now))
 
     def live(self, now=None):
-        """Workers not stopped whose heartbeat is fresh: running or stopping, not lost."""
+        """Workers not stopped whose heartbeat is fresh: running, quiet or stopping, not lost."""
         return self.alive().filter(last_heartbeat__gte=lost_before(now))
+
+    def leasing(self, now=None):
+        """Live workers that lease: running, neither quiet nor stopping."""
+        return self.live(now).filter(state=WorkerState.RUNNING)
 
     def status(self, name, now=None):
         """Workers whose status (Worker.status) is ``name``; ValueError for another name."""
@@ -592,6 +600,8 @@ class Worker(models.Model):
     stopped_at = models.DateTimeField(null=True, blank=True)
     # Set by `stopworkers` (any host); the worker sees it on its next heartbeat.
     stop_requested_at = models.DateTimeField(null=True, blank=True)
+    # Set by `stopworkers --quiet`, the dashboard or the API; seen where the stop request is.
+    quiet_requested_at = models.DateTimeField(null=True, blank=True)
     jobs_in_hand = models.PositiveIntegerField(default=0)
     jobs_done = models.PositiveBigIntegerField(default=0)
     # Database outages this worker waited out (worker/outages.py): jobqueue_db_reconnects_total.
@@ -608,7 +618,7 @@ class Worker(models.Model):
 
     @property
     def status(self):
-        """running, stopping, stopped, or lost (see WORKER_STATUSES)."""
+        """running, quiet, stopping, stopped, or lost (see WORKER_STATUSES)."""
         if self.state != WorkerState.STOPPED and self.last_heartbeat < lost_before():
             return LOST
         return self.state

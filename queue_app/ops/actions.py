@@ -243,3 +243,12 @@ def request_stop(worker_ids, *, using=None):
     return qs.filter(id__in=list(worker_ids), stop_requested_at__isnull=True).update(
         stop_requested_at=timezone.now()
     )
+
+
+def request_quiet(worker_ids, *, using=None):
+    """Ask running workers to go quiet: they lease no more and run what they hold, and stay
+    up until stopped; each sees it on its next stop check. Return how many were asked."""
+    qs = Worker.objects.using(using or router.db_for_write(Worker)).alive()
+    return qs.filter(
+        id__in=list(worker_ids), stop_requested_at__isnull=True, quiet_requested_at__isnull=True
+    ).update(quiet_requested_at=timezone.now())

@@ -212,9 +212,9 @@ def pending_breakdown(now=None):
 
 
 def workers_summary(now=None):
-    """Workers alive (running or stopping), lost, and the jobs the alive ones hold."""
+    """Workers alive (running, quiet or stopping), lost, and the jobs the alive ones hold."""
     counts = reads.worker_counts(now=now)
-    alive = counts[WorkerState.RUNNING] + counts[WorkerState.STOPPING]
+    alive = counts[WorkerState.RUNNING] + counts[WorkerState.QUIET] + counts[WorkerState.STOPPING]
     return {"alive": alive, "lost": counts[LOST], "in_hand": counts["jobs_in_hand"]}
 
 
@@ -235,13 +235,65 @@ def overview(now=None, *, unredacted=False):
     }
 
 
-def queues(now=None):
-    """The queues page's rows: reads.queues() with, for each row, what its Pause/Resume
-    buttons act on: (scope, name, paused now) for its queue and its kind."""
-    rows = reads.queues(now)
+@dataclass(frozen=True)
+class Spark:
+    """One queue and kind's flow over the window as SVG geometry: completed and failed
+    attempts as stacked bars, jobs enqueued as a line over them, on one scale."""
+
+    bars: list
+    line: str
+    max: int
+    label: str
+    width: int = 160
+    height: int = 32
+
+
+def spark(row, start, bucket, width=160, height=32):
+    """Lay out ``row``'s flow series (reads.flow) for a small inline SVG."""
+    done, failed, came = row["completed_series"], row["failed_series"], row["enqueued_series"]
+    top = max([d + f for d, f in zip(done, failed)] + came + [1])
+    slot = width / len(done)
+    stamp = "%H:%M" if bucket < timedelta(hours=1) else "%d %H:00"
+    bars, points = [], []
+    for i, (d, f, c) in enumerate(zip(done, failed, came)):
+        hd, hf = height * d / top, height * f / top
+        at = timezone.localtime(start + bucket * i)
+        bars.append(
+            {
+                "x": round(i * slot + 0.5, 1),
+                "w": round(max(slot - 1, 0.5), 1),
+                "yd": round(height - hd, 1),
+                "hd": round(hd, 1),
+                "yf": round(height - hd - hf, 1),
+                "hf": round(hf, 1),
+                "label": f"{at:{stamp}}: {c} enqueued, {d} completed, {f} failed",
+            }
+        )
+        points.append(f"{round((i + 0.5) * slot, 1)},{round(height - height * c / top, 1)}")
+    label = (
+        f"{row['enqueued']} enqueued, {row['completed']} completed, {row['failed']} failed "
+        f"in the window; busiest {'minute' if bucket < timedelta(hours=1) else 'hour'} {top}"
+    )
+    return Spark(bars=bars, line=" ".join(points), max=top, label=label, width=width, height=height)
+
+
+def queues(now=None, window=reads.FLOW_WINDOW_DEFAULT, limits=()):
+    """The queues page: reads.queues() rows over ``window``, each with its flow chart, its
+    kind's limit (of ``limits``, as limits() gives them) and what its Pause/Resume buttons
+    act on: (scope, name, paused now) for its queue and its kind."""
+    rows, start, bucket = reads.queues(now, window)
+    by_kind = {entry["limit"].kind: entry for entry in limits}
     for r in rows:
+        r["limit"] = by_kind.get(r["kind"])
         r["pause_targets"] = [("queue", r["queue"], r["queue_paused"]), ("kind", r["kind"], r["kind_paused"])]
-    return rows
+        r["spark"] = spark(r, start, bucket)
+    return {
+        "rows": rows,
+        "window": window,
+        "windows": list(reads.FLOW_WINDOWS),
+        "per": "minute",
+        "sample": settings.DASHBOARD_DURATION_SAMPLE,
+    }
 
 
 def crashes():
@@ -276,11 +328,12 @@ def schedules(now=None):
     return rows
 
 
-def running(now=None):
-    """The running-now page's rows: each leased job with its worker (the registered row
-    whose name starts its lease owner), child, runtime and time left on its lease."""
+def running(now=None, worker=None):
+    """The running-now page's rows (only ``worker``'s, a name, if given): each leased job
+    with its worker (the registered row whose name starts its lease owner), child, runtime
+    and time left on its lease."""
     now = now or timezone.now()
-    jobs = reads.running_now()
+    jobs = reads.running_now(worker=worker)
     names = sorted({w.name for w in reads.worker_rows(include_stopped=False)}, key=len, reverse=True)
     rows = []
     for job in jobs:

@@ -12,13 +12,24 @@ kind) index, the pending breakdown reads only pending rows, lists page by keyset
 and fetch one row more than they show instead of counting.
 """
 
+import math
 from dataclasses import dataclass, replace
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.core.paginator import Paginator
-from django.db.models import Avg, Count, DurationField, ExpressionWrapper, F, Max, Min, Q, Sum, TextField
+from django.db.models import (
+    Count,
+    F,
+    Max,
+    Min,
+    OuterRef,
+    Q,
+    Subquery,
+    Sum,
+    TextField,
+)
 from django.db.models.fields.json import KeyTextTransform
-from django.db.models.functions import Cast, Length, Substr, TruncMinute
+from django.db.models.functions import Cast, Length, Substr, TruncHour, TruncMinute
 from django.utils import timezone
 from django.utils.functional import cached_property
 
@@ -214,26 +225,148 @@ def kind_crashes():
     return list(KindCrashes.objects.order_by("-crashes", "kind"))
 
 
-def queues(now=None):
-    """Per queue and kind: live jobs by status (waiting on dependencies, ready, later:
-    scheduled or retrying, paused, leased, dead letter), the oldest ready job's run_at (a paused queue's jobs are
-    held, not waiting, so never counted there), whether its queue or kind is paused, and
-    the last hour's completed and failed attempts with the completed ones' mean run time."""
+# The queues page's windows: name -> (length, chart bucket). Each is read from the event
+# log's (type, at) index, so its cost follows the events inside it, not the table.
+FLOW_WINDOWS = {
+    "5m": (timedelta(minutes=5), timedelta(minutes=1)),
+    "15m": (timedelta(minutes=15), timedelta(minutes=1)),
+    "1h": (timedelta(hours=1), timedelta(minutes=1)),
+    "24h": (timedelta(hours=24), timedelta(hours=1)),
+}
+FLOW_WINDOW_DEFAULT = "1h"
+# What the queues page counts per window: attempts ended, and jobs that came in.
+FLOW_SERIES = ("enqueued", "completed", "failed")
+# The queues page's live counts per queue and kind.
+LIVE_COUNTS = ("waiting", "ready", "scheduled", "retrying", "paused", "leased", "deadletter")
+
+
+def percentile(values, p):
+    """The nearest-rank ``p`` percentile (0 < p <= 1) of ``values``; None when empty.
+
+    >>> percentile([5, 1, 4, 2, 3], 0.5), percentile([5, 1, 4, 2, 3], 0.95), percentile([], 0.5)
+    (3, 5, None)
+    """
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(p * len(ordered)) - 1)]
+
+
+def flow_window(name):
+    """(start, bucket, buckets) of the window called ``name`` (FLOW_WINDOWS), ending now:
+    whole buckets, the last of them the one under way. InvalidJob for another name."""
+    if name not in FLOW_WINDOWS:
+        raise InvalidJob(f"unknown window {name!r}; choose one of {', '.join(FLOW_WINDOWS)}", "window")
+    length, bucket = FLOW_WINDOWS[name]
+    return length, bucket, int(length / bucket)
+
+
+def _bucket_start(now, bucket, buckets):
+    step = int(bucket.total_seconds())
+    epoch = int(now.timestamp()) // step * step
+    return datetime.fromtimestamp(epoch, tz=UTC) - bucket * (buckets - 1)
+
+
+def flow(window=FLOW_WINDOW_DEFAULT, now=None):
+    """Per (queue, kind) over ``window``: jobs enqueued and attempts completed and failed,
+    in all and per chart bucket, and the p50/p95 queue wait and run time of the newest
+    DASHBOARD_DURATION_SAMPLE completed attempts. Returns (start, bucket, {(queue, kind): row}).
+
+    Wait is from when the attempt was due (the job's run_at, which a claim leaves alone)
+    to its claimed event; run is from that claim to the completion. Both reads start at
+    the (type, at) index: the counts touch only the window's events (one group-by), the
+    durations at most the sample (newest first, each claim found by the event's job index).
+    """
     now = now or timezone.now()
+    length, bucket, buckets = flow_window(window)
+    start = _bucket_start(now, bucket, buckets)
+    trunc = TruncMinute if bucket < timedelta(hours=1) else TruncHour
     table = {}
 
     def row(queue, kind):
-        return table.setdefault(
-            (queue, kind),
-            {
+        return table.setdefault((queue, kind), _no_flow(buckets))
+
+    series = {EventType.ENQUEUED: "enqueued", EventType.COMPLETED: "completed"}
+    counted = (
+        Event.objects.filter(
+            type__in=[EventType.ENQUEUED, EventType.COMPLETED, *FAILURE_EVENTS], at__gte=start
+        )
+        .order_by()
+        .annotate(b=trunc("at", tzinfo=UTC))
+        .values("job__queue_name", "job__kind", "type", "b")
+        .annotate(n=Count("id"))
+    )
+    for r in counted:
+        target = row(r["job__queue_name"], r["job__kind"])
+        name = series.get(r["type"], "failed")
+        target[name] += r["n"]
+        i = int((r["b"] - start) / bucket)
+        if 0 <= i < buckets:
+            target[f"{name}_series"][i] += r["n"]
+    claimed_at = (
+        Event.objects.filter(job_id=OuterRef("job_id"), attempt=OuterRef("attempt"), type=EventType.CLAIMED)
+        .order_by("-id")
+        .values("at")[:1]
+    )
+    newest = (
+        Event.objects.filter(type=EventType.COMPLETED, at__gte=start)
+        .order_by("-at")
+        .annotate(claimed_at=Subquery(claimed_at))
+        .values_list("job__queue_name", "job__kind", "at", "claimed_at", "job__run_at")
+    )
+    durations = {}
+    for queue, kind, done_at, claimed, due in newest[: int(settings.DASHBOARD_DURATION_SAMPLE)]:
+        if claimed is None:  # pruned, or written by hand
+            continue
+        waits, runs = durations.setdefault((queue, kind), ([], []))
+        waits.append(max(0.0, (claimed - due).total_seconds()) if due else 0.0)
+        runs.append(max(0.0, (done_at - claimed).total_seconds()))
+    for key, (waits, runs) in durations.items():
+        row(*key).update(
+            wait_p50=percentile(waits, 0.5),
+            wait_p95=percentile(waits, 0.95),
+            run_p50=percentile(runs, 0.5),
+            run_p95=percentile(runs, 0.95),
+            sampled=len(runs),
+        )
+    minutes = length.total_seconds() / 60
+    for r in table.values():
+        for name in FLOW_SERIES:
+            r[f"{name}_per_minute"] = r[name] / minutes
+    return start, bucket, table
+
+
+def _no_flow(buckets):
+    """A flow() row for a queue and kind with nothing in the window."""
+    return {
+        **dict.fromkeys(FLOW_SERIES, 0),
+        **dict.fromkeys((f"{name}_per_minute" for name in FLOW_SERIES), 0.0),
+        **{f"{name}_series": [0] * buckets for name in FLOW_SERIES},
+        **dict.fromkeys(("wait_p50", "wait_p95", "run_p50", "run_p95"), None),
+        "sampled": 0,
+    }
+
+
+def queues(now=None, window=FLOW_WINDOW_DEFAULT):
+    """Per queue and kind: live jobs by status (waiting on dependencies, ready, scheduled,
+    retrying, paused, leased, dead letter), the oldest ready job's run_at (a paused
+    queue's jobs are held, not waiting, so never counted there), whether its queue or
+    kind is paused, and its flow over ``window`` (flow()). Returns (rows, start, bucket)."""
+    now = now or timezone.now()
+    start, bucket, flows = flow(window, now)
+    _, _, buckets = flow_window(window)
+    table = {}
+
+    def row(queue, kind):
+        if (queue, kind) not in table:
+            table[(queue, kind)] = {
                 "queue": queue,
                 "kind": kind,
-                **dict.fromkeys(("waiting", "ready", "later", "paused", "leased", "deadletter"), 0),
-                **dict.fromkeys(("completed_hour", "failed_hour"), 0),
+                **dict.fromkeys(LIVE_COUNTS, 0),
                 "oldest": None,
-                "mean_run": None,
-            },
-        )
+                **(flows.get((queue, kind)) or _no_flow(buckets)),
+            }
+        return table[(queue, kind)]
 
     live = (
         Job.objects.filter(state__in=[State.WAITING, State.PENDING, State.LEASED, State.DEAD_LETTER])
@@ -242,7 +375,8 @@ def queues(now=None):
         .annotate(
             waiting=Count("id", filter=Q(state=State.WAITING)),
             ready=Count("id", filter=status_q(READY, now)),
-            later=Count("id", filter=status_q(SCHEDULED, now) | status_q(RETRYING, now)),
+            scheduled=Count("id", filter=status_q(SCHEDULED, now)),
+            retrying=Count("id", filter=status_q(RETRYING, now)),
             paused=Count("id", filter=status_q(PAUSED, now)),
             leased=Count("id", filter=Q(state=State.LEASED)),
             deadletter=Count("id", filter=Q(state=State.DEAD_LETTER)),
@@ -251,26 +385,14 @@ def queues(now=None):
     )
     for r in live:
         row(r.pop("queue_name"), r.pop("kind")).update(r)
-    ran = ExpressionWrapper(F("job__finished_at") - F("job__started_at"), output_field=DurationField())
-    completed = Q(type=EventType.COMPLETED)
-    hour = (
-        Event.objects.filter(type__in=[EventType.COMPLETED, *FAILURE_EVENTS], at__gt=now - timedelta(hours=1))
-        .order_by()
-        .values("job__queue_name", "job__kind")
-        .annotate(
-            completed_hour=Count("id", filter=completed),
-            failed_hour=Count("id", filter=~completed),
-            mean_run=Avg(ran, filter=completed),
-        )
-    )
-    for r in hour:
-        row(r.pop("job__queue_name"), r.pop("job__kind")).update(r)
+    for queue, kind in flows:
+        row(queue, kind)
     paused = set(Pause.objects.values_list("scope", "name"))
     for r in table.values():
         r["queue_paused"] = (PauseScope.QUEUE, r["queue"]) in paused
         r["kind_paused"] = (PauseScope.KIND, r["kind"]) in paused
         r["oldest_ready_seconds"] = (now - r["oldest"]).total_seconds() if r["oldest"] else None
-    return [table[key] for key in sorted(table)]
+    return [table[key] for key in sorted(table)], start, bucket
 
 
 def filter_choices(sample=5000):
@@ -475,10 +597,13 @@ def latest_job_with_key_prefix(prefix):
     return qs.defer("payload", "result").order_by("-id").first()
 
 
-def running_now(*, limit=200):
+def running_now(*, worker=None, limit=200):
     """Leased jobs, longest running first (claimed but not started last), with their lease
-    owner's worker and child: the "running now" view. Payloads are left in the table."""
+    owner's worker and child: the "running now" view, or only ``worker``'s (a name).
+    Payloads are left in the table."""
     qs = Job.objects.filter(state=State.LEASED).defer("payload", "result", "last_error")
+    if worker:
+        qs = qs.filter(lease_owner__startswith=f"{worker}/")
     return list(qs.order_by(F("started_at").asc(nulls_last=True), "id")[:limit])
 
 
@@ -566,6 +691,7 @@ def worker_dict(worker, now=None):
         "started_at": worker.started_at.isoformat(),
         "heartbeat_age": max(0.0, (now - worker.last_heartbeat).total_seconds()),
         "stop_requested": worker.stop_requested_at is not None,
+        "quiet_requested": worker.quiet_requested_at is not None,
     }
 
 

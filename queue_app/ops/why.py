@@ -10,6 +10,7 @@ dashboard's job page, ``manage.py history`` and the API's job endpoint all show 
 
 from dataclasses import asdict, dataclass
 from datetime import timedelta
+from urllib.parse import urlencode
 
 from django.db.models import Q
 from django.urls import reverse
@@ -34,13 +35,18 @@ def _in(seconds):
     return durations.format(max(0.0, seconds))
 
 
+def _at(moment, fmt="%Y-%m-%d %H:%M:%S"):
+    """``moment`` on the dashboard's one clock: the site's time zone, 24-hour, named."""
+    return f"{timezone.localtime(moment):{fmt}} {timezone.get_current_timezone_name()}"
+
+
 def _paused(job):
     for scope, name in ((PauseScope.QUEUE, job.queue_name), (PauseScope.KIND, job.kind)):
         pause = Pause.objects.filter(scope=scope, name=name).first()
         if pause is not None:
             by = f" by {pause.actor}" if pause.actor else ""
             why = f" ({pause.reason})" if pause.reason else ""
-            since = pause.created_at.strftime("%Y-%m-%d %H:%M:%S UTC")
+            since = _at(pause.created_at)
             return Reason(
                 f"{scope}_paused",
                 f"its {scope} {name!r} is paused{by} since {since}{why}: resume it to run it",
@@ -54,7 +60,9 @@ def _limited(job, now):
     if limit is None:
         return None
     queues = reverse("queue_app_dashboard:queues")
-    leased_list = reverse("queue_app_dashboard:jobs") + f"?status=leased&kind={job.kind}"
+    leased_list = (
+        reverse("queue_app_dashboard:jobs") + "?" + urlencode({"status": "leased", "kind": job.kind})
+    )
     if limit.concurrency is not None:
         leased = Job.objects.filter(state=State.LEASED, kind=job.kind).count()
         if leased >= limit.concurrency:
@@ -70,7 +78,7 @@ def _limited(job, now):
                 "rate_limit",
                 f"its kind {job.kind!r} has spent its rate limit ({limit.window_count} of "
                 f"{limit.rate_limit} starts per {durations.format(limit.rate_period)}) until "
-                f"{ends:%H:%M:%S} UTC (in {_in((ends - now).total_seconds())})",
+                f"{_at(ends, '%H:%M:%S')} (in {_in((ends - now).total_seconds())})",
                 queues,
             )
     if limit.per_key is not None and job.concurrency_key:
@@ -88,7 +96,7 @@ def _limited(job, now):
 def _unserved(job, now):
     serving = [
         w
-        for w in Worker.objects.live(now).only("queues", "kinds")
+        for w in Worker.objects.leasing(now).only("queues", "kinds")
         if (not w.queues or "*" in w.queues or job.queue_name in w.queues)
         and (not w.kinds or "*" in w.kinds or job.kind in w.kinds)
     ]
@@ -97,6 +105,12 @@ def _unserved(job, now):
     workers = reverse("queue_app_dashboard:workers")
     if not Worker.objects.live(now).exists():
         return Reason("no_worker", "no worker is running: start one with manage.py runworker", workers)
+    if not Worker.objects.leasing(now).exists():
+        return Reason(
+            "no_worker",
+            "every live worker is quiet or stopping, so none leases: start one with manage.py runworker",
+            workers,
+        )
     return Reason(
         "no_worker_serves",
         f"no live worker serves queue {job.queue_name!r} and kind {job.kind!r}: "
@@ -166,9 +180,7 @@ def why(job, now=None):
         wait = _in((job.run_at - now).total_seconds())
         if job.attempts:
             return Reason("retrying", f"it is backing off after attempt {job.attempts} (retry in {wait})")
-        return Reason(
-            "scheduled", f"it is scheduled for later (in {wait}, at {job.run_at:%Y-%m-%d %H:%M:%S} UTC)"
-        )
+        return Reason("scheduled", f"it is scheduled for later (in {wait}, at {_at(job.run_at)})")
     for check in (_paused(job), _limited(job, now), _unserved(job, now)):
         if check is not None:
             return check
@@ -179,6 +191,8 @@ def why(job, now=None):
             "busy",
             f"the workers are busy: {count} ready job(s) of queue {job.queue_name!r} lease before it "
             f"(its effective priority is {mine})",
-            reverse("queue_app_dashboard:jobs") + f"?status=ready&queue={job.queue_name}",
+            reverse("queue_app_dashboard:jobs")
+            + "?"
+            + urlencode({"status": "ready", "queue": job.queue_name}),
         )
     return Reason("eligible", "it is eligible now: the next claim of its queue takes it")

@@ -32,6 +32,18 @@ def took(value):
 
 
 @register.filter
+def rate(per_minute):
+    """Events per minute in words that keep a trickle visible: 12/min, 1.5/min, 3/h, 0."""
+    if not per_minute:
+        return "0"
+    if per_minute >= 10:
+        return f"{per_minute:,.0f}/min"
+    if per_minute >= 1:
+        return f"{per_minute:.1f}/min"
+    return f"{per_minute * 60:.0f}/h" if per_minute * 60 >= 1 else "<1/h"
+
+
+@register.filter
 def label(name):
     """A state, status or event name as words: dead_letter -> dead letter."""
     return str(name).replace("_", " ")

@@ -36,8 +36,10 @@ from queue_app.models import (
     DeadLetter,
     Pause,
     State,
+    Worker,
     attach_statuses,
 )
+from queue_app.ops import actions as operations
 from queue_app.ops import metrics, reads, redaction
 from queue_app.ops import why as explain
 from queue_app.ops import workflows as workflow_reads
@@ -483,6 +485,7 @@ class WorkerOut(Schema):
     last_heartbeat: datetime
     stopped_at: datetime | None
     stop_requested_at: datetime | None
+    quiet_requested_at: datetime | None
     jobs_in_hand: int
     jobs_done: int
 
@@ -768,6 +771,39 @@ def list_workers(request: HttpRequest, limit: int | None = Query(None, ge=1, le=
     """Registered workers, newest first, each with its status (lost: silent past a lease)."""
     _need_view(request, "queue_app.view_worker")
     return reads.worker_rows(limit=_limit(limit), order=("-started_at", "-id"))
+
+
+def _ask_worker(request, worker_id, ask, what):
+    _need(request, "queue_app.change_worker")
+    worker = Worker.objects.alive().filter(id=worker_id).first()
+    if worker is None:
+        raise Http404(f"no running worker with id {worker_id}")
+    if not ask([worker_id]):
+        return Status(409, {"error": f"worker {worker.name} was already told to {what}", "field": None})
+    worker.refresh_from_db()
+    return worker
+
+
+@api.post(
+    "/workers/{worker_id}/quiet",
+    response={200: WorkerOut, **WRITE_REFUSALS, 404: Refused, 409: Refused},
+    tags=["queue"],
+)
+def quiet_worker(request: HttpRequest, worker_id: int = Path(..., ge=1, le=MAX_ID)):
+    """Ask a running worker to go quiet: it leases no more, runs what it holds and stays up
+    until stopped; it sees the request within a second. 409 when already quiet or stopping."""
+    return _ask_worker(request, worker_id, operations.request_quiet, "go quiet or stop")
+
+
+@api.post(
+    "/workers/{worker_id}/stop",
+    response={200: WorkerOut, **WRITE_REFUSALS, 404: Refused, 409: Refused},
+    tags=["queue"],
+)
+def stop_worker(request: HttpRequest, worker_id: int = Path(..., ge=1, le=MAX_ID)):
+    """Ask a running worker to stop: it leases no more, finishes what it holds within its
+    grace period, hands back the rest and exits. 409 when already told to stop."""
+    return _ask_worker(request, worker_id, operations.request_stop, "stop")
 
 
 # --- flow control: pauses (flow.py) ----------------------------------------------------------

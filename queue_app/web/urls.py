@@ -15,6 +15,7 @@ urlpatterns = [
     path("running/", views.running, name="running"),
     path("workers/", views.workers, name="workers"),
     path("workers/<int:worker_id>/stop/", views.worker_stop, name="worker_stop"),
+    path("workers/<int:worker_id>/quiet/", views.worker_quiet, name="worker_quiet"),
     path("queues/", views.queues, name="queues"),
     path("schedules/", views.schedules, name="schedules"),
     path("schedules/<str:name>/run/", views.schedule_run_now, name="schedule_run_now"),

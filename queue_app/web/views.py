@@ -254,7 +254,9 @@ def dead_letters(request):
 
 @_perm("queue_app.view_job")
 def running(request):
-    return _page(request, "running.html", {"nav": "running", "rows": dashboard.running()})
+    worker = request.GET.get("worker", "").strip()
+    context = {"nav": "running", "rows": dashboard.running(worker=worker or None), "worker": worker}
+    return _page(request, "running.html", context)
 
 
 @_perm("queue_app.view_worker")
@@ -278,12 +280,34 @@ def worker_stop(request, worker_id):
     return redirect(reverse("queue_app_dashboard:workers"))
 
 
+@require_http_methods(["GET", "POST"])
+@_perm("queue_app.change_worker")
+def worker_quiet(request, worker_id):
+    if request.method == "GET":  # the confirmation page; the POST from it quiets
+        worker = reads.worker_rows(include_stopped=False, ids=[worker_id])
+        if not worker:
+            messages.error(request, "That worker is not running.")
+            return redirect("queue_app_dashboard:workers")
+        return _page(request, "worker_quiet.html", {"nav": "workers", "worker": worker[0]}, live=False)
+    n = operations.request_quiet([worker_id])
+    messages.success(
+        request,
+        "Quiet requested." if n else "That worker is not running, or was already told to go quiet or stop.",
+    )
+    return redirect(reverse("queue_app_dashboard:workers"))
+
+
 @_perm("queue_app.view_job")
 def queues(request):
+    window = request.GET.get("window", "") or reads.FLOW_WINDOW_DEFAULT
+    if window not in reads.FLOW_WINDOWS:
+        messages.error(request, f"Unknown window {window!r}; showing {reads.FLOW_WINDOW_DEFAULT}.")
+        window = reads.FLOW_WINDOW_DEFAULT
+    limits = dashboard.limits()
     context = {
         "nav": "queues",
-        "rows": dashboard.queues(),
-        "limits": dashboard.limits(),
+        **dashboard.queues(window=window, limits=limits),
+        "limits": limits,
         "crashes": dashboard.crashes(),
     }
     return _page(request, "queues.html", context)

@@ -3,7 +3,8 @@ and `stopworkers` writes it from any host; what `workers` and the dashboard show
 (a worker's status, lost included) is ``Worker.status`` and ``ops.reads``.
 
 A stop request is a timestamp on the row, not a signal: it works across hosts, and a
-worker sees it on its next heartbeat.
+worker sees it on its next heartbeat. A quiet request is another (stop leasing, keep
+running what is in hand, stay up until stopped), seen at the same check.
 """
 
 import socket
@@ -45,6 +46,7 @@ def register(name, *, pid, queues, kinds, concurrency, threads):
         "last_heartbeat": now,
         "stopped_at": None,
         "stop_requested_at": None,
+        "quiet_requested_at": None,
         "jobs_in_hand": 0,
         "jobs_done": 0,
     }
@@ -75,12 +77,30 @@ def heartbeat(worker_id, *, jobs_in_hand=0, jobs_done=0, db_reconnects=0):
     )
 
 
+STOP, QUIET = "stop", "quiet"
+
+
 def stop_requested(worker_id):
     return Worker.objects.filter(id=worker_id, stop_requested_at__isnull=False).exists()
 
 
+def requested(worker_id):
+    """What the worker has been asked to do: STOP, QUIET or None (stop wins over quiet)."""
+    asked = Worker.objects.filter(id=worker_id).values_list("stop_requested_at", "quiet_requested_at").first()
+    if asked is None:
+        return None
+    stop, quiet = asked
+    return STOP if stop is not None else QUIET if quiet is not None else None
+
+
 def mark_stopping(worker_id):
     Worker.objects.filter(id=worker_id).update(state=WorkerState.STOPPING, last_heartbeat=timezone.now())
+
+
+def mark_quiet(worker_id):
+    Worker.objects.filter(id=worker_id, state=WorkerState.RUNNING).update(
+        state=WorkerState.QUIET, last_heartbeat=timezone.now()
+    )
 
 
 def deregister(worker_id, *, jobs_done=0, db_reconnects=0):
@@ -95,20 +115,36 @@ def deregister(worker_id, *, jobs_done=0, db_reconnects=0):
     )
 
 
-def request_stop(names=None):
-    """Ask running workers (all, or those named) to stop; return the names asked.
-
-    Unknown names raise LookupError before anything is written.
-    """
-    alive = Worker.objects.alive()
+def _named(alive, names):
     if names:
         found = set(alive.filter(name__in=names).values_list("name", flat=True))
         missing = [n for n in names if n not in found]
         if missing:
             raise LookupError(f"no running worker named {', '.join(missing)}")
         alive = alive.filter(name__in=names)
+    return alive
+
+
+def request_stop(names=None):
+    """Ask running workers (all, or those named) to stop; return the names asked.
+
+    Unknown names raise LookupError before anything is written.
+    """
+    alive = _named(Worker.objects.alive(), names)
     asked = sorted(alive.values_list("name", flat=True))
     alive.filter(stop_requested_at__isnull=True).update(stop_requested_at=timezone.now())
+    return asked
+
+
+def request_quiet(names=None):
+    """Ask running workers (all, or those named) to go quiet; return the names asked.
+
+    A worker already stopping is not asked (it leases no more anyway). Unknown names
+    raise LookupError before anything is written.
+    """
+    alive = _named(Worker.objects.alive(), names).filter(stop_requested_at__isnull=True)
+    asked = sorted(alive.values_list("name", flat=True))
+    alive.filter(quiet_requested_at__isnull=True).update(quiet_requested_at=timezone.now())
     return asked
 
 

@@ -112,6 +112,9 @@ class Supervisor:
         self.generations = [0] * options.concurrency
         self.signals = 0
         self.stopping = False
+        # Quiet (a quiet request): children told to finish and leave, none spawned again,
+        # the supervisor up and heartbeating until it is told to stop.
+        self.quiet = False
         self.stop_deadline = None
         self.record = None
         self.done_by_gone = 0
@@ -218,8 +221,11 @@ class Supervisor:
                 self._heartbeat()
             if now >= next_stop_check and not self.stopping:
                 next_stop_check = now + STOP_CHECK
-                if self._guard(workers.stop_requested, self.record.id, default=False):
+                asked = self._guard(workers.requested, self.record.id, default=None)
+                if asked == workers.STOP:
                     self._begin_stop("stop requested")
+                elif asked == workers.QUIET and not self.quiet:
+                    self._begin_quiet()
             if o.recovery_interval and now >= next_recovery:
                 next_recovery = now + o.recovery_interval
                 self._recover()
@@ -228,7 +234,7 @@ class Supervisor:
                 self._guard(scheduling.tick)
             if self.stopping and self.children and now >= self.stop_deadline:
                 self._kill_all("grace period over", settle=f"the {o.grace:g}s grace period ended")
-            if not self.children:
+            if not self.children and (self.stopping or not self.quiet):
                 break
             time.sleep(TICK)
         self._finish()
@@ -247,6 +253,17 @@ class Supervisor:
             self.options.grace,
         )
         self._guard(workers.mark_stopping, self.record.id)
+        for child in self.children.values():
+            self._signal(child, signal.SIGTERM)
+
+    def _begin_quiet(self):
+        self.quiet = True
+        log.info(
+            "worker %s quiet (quiet requested): leasing no more, running what it holds", self.options.name
+        )
+        self._guard(workers.mark_quiet, self.record.id)
+        # A child told to stop claims no more, runs what it started, hands back its
+        # unstarted claims and exits; _reap spawns none in its place while quiet.
         for child in self.children.values():
             self._signal(child, signal.SIGTERM)
 
@@ -385,9 +402,10 @@ class Supervisor:
             if not clean:
                 # Killed for a timeout: its replacement takes over its unstarted claims
                 # rather than releasing them for a new claim each (a timeout storm's churn).
-                inherit = child.timed_out is not None and not self.stopping
+                leasing = not (self.stopping or self.quiet)
+                inherit = child.timed_out is not None and leasing
                 unstarted = self._settle_dead_child(child, status, release=not inherit)
-                if not self.stopping:
+                if leasing:
                     self._spawn(child.slot, inherit=(child, unstarted) if inherit and unstarted else None)
 
     def _settle_dead_child(self, child, status, shutdown=None, release=True):

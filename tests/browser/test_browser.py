@@ -13,21 +13,11 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from queue_app.core import flow
+from queue_app.core import flow, transitions
 from queue_app.core.enqueueing import enqueue
-from queue_app.models import Job, State
+from queue_app.models import Job, State, Worker
 from queue_app.worker.execution import run_one
-
-CHROMIUM = "/usr/bin/chromium"
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-]
-TIMEOUT_MS = 15_000
+from tests.browser.conftest import CHROMIUM
 
 pytestmark = [
     pytest.mark.browser,
@@ -35,47 +25,6 @@ pytestmark = [
         not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is missing (apt-get install chromium)"
     ),
 ]
-
-
-@pytest.fixture(autouse=True)
-def _fast(settings):
-    # Refresh every second so the tests watch it happen without waiting five.
-    settings.JOBQUEUE = {**getattr(settings, "JOBQUEUE", {}), "DASHBOARD_REFRESH_SECONDS": 1}
-
-
-@pytest.fixture(scope="module")
-def browser():
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-    # Playwright's sync API keeps an event loop running in this thread; Django then
-    # refuses ORM calls here unless told that this (test-only) mix is intended.
-    before = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
-    try:
-        with sync_api.sync_playwright() as p:
-            chromium = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-            yield chromium
-            chromium.close()
-    finally:
-        if before is None:
-            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
-        else:
-            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = before
-
-
-@pytest.fixture
-def page(browser, live_server, django_user_model):
-    django_user_model.objects.create_superuser("boss", "boss@example.com", "pw")
-    context = browser.new_context(base_url=live_server.url, viewport={"width": 1280, "height": 900})
-    context.set_default_timeout(TIMEOUT_MS)
-    tab = context.new_page()
-    tab.goto("/dashboard/")
-    # Not logged in: the admin's login form, then back to the dashboard.
-    tab.fill("#id_username", "boss")
-    tab.fill("#id_password", "pw")
-    tab.click("input[type=submit]")
-    tab.wait_for_url(re.compile(r"/dashboard/$"))
-    yield tab
-    context.close()
 
 
 def shot(tab, name):
@@ -307,3 +256,80 @@ def test_rows_picked_for_a_bulk_action_stay_picked_across_a_refresh(page):
         arg=swaps,
     )
     assert page.is_checked(f'input[name="ids"][value="{a.id}"]')
+
+
+@pytest.mark.django_db(transaction=True)
+def test_refresh_holds_while_the_pointer_moves_over_the_rows_and_resumes_when_it_rests(page):
+    enqueue("echo", {"n": 1})
+    page.goto("/dashboard/jobs/")
+    page.wait_for_function("() => Number(document.getElementById('live').dataset.swaps || 0) >= 1")
+    row = page.locator("#live tbody tr").first.bounding_box()
+    enqueue("echo", {"n": 2})
+    for i in range(30):  # 3 s of small moves over the first row: longer than two refreshes
+        page.mouse.move(row["x"] + 20 + i % 5, row["y"] + row["height"] / 2)
+        page.wait_for_timeout(100)
+    assert page.locator("#live tbody tr").count() == 1
+    assert "Held while the pointer moves over the rows" in page.inner_text("#live-status")
+    # Resting: the next refresh shows the new job.
+    page.wait_for_function("() => document.querySelectorAll('#live tbody tr').length >= 2")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_footers_clock_is_the_sites_time_zone(page, settings):
+    settings.TIME_ZONE = "Asia/Kolkata"
+    page.reload()
+    page.wait_for_function("() => Number(document.getElementById('live').dataset.swaps || 0) >= 1")
+    status = page.inner_text("#live-status")
+    assert re.search(r"Updated \d\d:\d\d:\d\d Asia/Kolkata", status), status
+    assert "times in Asia/Kolkata" in page.inner_text("footer")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_job_page_says_why_for_each_reason_set_up_for_real(page):
+    def why(job):
+        page.goto(f"/dashboard/jobs/{job.id}/")
+        cell = page.locator("[data-why]")
+        return cell.get_attribute("data-why"), cell.inner_text()
+
+    alone = enqueue("echo", {}, queue_name="solo")
+    assert why(alone)[0] == "no_worker"
+    Worker.objects.create(name="w-mail", host="h", pid=1, queues=["mail"])
+    code, text = why(alone)
+    assert code == "no_worker_serves" and "runworker --queue solo" in text
+    Worker.objects.create(name="w-all", host="h", pid=2, queues=["*"])
+
+    later = enqueue("echo", {}, run_at=timezone.now() + timedelta(minutes=4))
+    code, text = why(later)
+    assert code == "scheduled" and re.search(r"in [34]m\d\ds, at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", text), (
+        text
+    )
+
+    flaky = enqueue("boom", {"message": "smtp refused"}, max_attempts=3, queue_name="retry")
+    run_one(worker_id="w-all/t/c0", queues=["retry"])
+    code, text = why(flaky)
+    assert code == "retrying" and "backing off after attempt 1 (retry in" in text
+
+    flow.pause(kind="report", actor="ops", reason="quota")
+    report = enqueue("report", {})
+    code, text = why(report)
+    assert code == "kind_paused" and "by ops" in text and "(quota)" in text
+
+    flow.set_limit("export", concurrency=1)
+    enqueue("export", {"n": 1}, queue_name="exports")
+    transitions.claim("w-all/t/c0", queues=["exports"], kinds=["export"])
+    held = enqueue("export", {"n": 2}, queue_name="exports")
+    code, text = why(held)
+    assert code == "concurrency_limit" and "(1 of 1 leased)" in text
+
+    flow.set_limit("sync", rate_limit=1, rate_period=600)
+    enqueue("sync", {"n": 1}, queue_name="syncs")
+    assert transitions.claim("w-all/t/c0", queues=["syncs"])
+    spent = enqueue("sync", {"n": 2}, queue_name="syncs")
+    code, text = why(spent)
+    assert code == "rate_limit" and "(1 of 1 starts per 10m" in text and "UTC (in " in text
+
+    first = enqueue("echo", {"n": 1}, queue_name="busy", priority=5)
+    second = enqueue("echo", {"n": 2}, queue_name="busy")
+    code, text = why(second)
+    assert code == "busy" and "1 ready job(s) of queue 'busy' lease before it" in text
+    assert why(first)[0] == "eligible"

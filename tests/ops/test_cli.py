@@ -439,6 +439,7 @@ def test_workers_json_is_a_list_of_workers_with_the_keys_its_help_names():
         "started_at",
         "heartbeat_age",
         "stop_requested",
+        "quiet_requested",
     }
     assert (row["name"], row["pid"], row["status"], row["queues"], row["kinds"], row["stop_requested"]) == (
         "w1",

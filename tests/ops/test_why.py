@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from queue_app.core import flow
 from queue_app.core.enqueueing import enqueue
-from queue_app.models import KindLimit
+from queue_app.models import KindLimit, Worker, WorkerState
 from queue_app.ops.why import why
 from tests.factories import JobFactory, WorkerFactory, make_staff
 
@@ -93,6 +93,18 @@ def test_no_worker_at_all_and_workers_that_serve_other_queues():
     assert code(job) == "eligible"
 
 
+def test_a_quiet_or_stopping_worker_serves_nothing_new():
+    job = enqueue("echo", {}, queue_name="reports")
+    quiet = WorkerFactory(queues=["*"], state=WorkerState.QUIET, last_heartbeat=timezone.now())
+    WorkerFactory(queues=["*"], state=WorkerState.STOPPING, last_heartbeat=timezone.now())
+    reason = why(job)
+    assert reason.code == "no_worker" and "quiet or stopping" in reason.text
+    WorkerFactory(queues=["mail"], last_heartbeat=timezone.now())
+    assert code(job) == "no_worker_serves"
+    Worker.objects.filter(id=quiet.id).update(state=WorkerState.RUNNING)
+    assert code(job) == "eligible"
+
+
 def test_busy_workers_count_the_ready_jobs_that_lease_before_it(worker):
     old = timezone.now() - timedelta(minutes=1)
     JobFactory.create_batch(3, run_at=old)  # earlier, same priority
@@ -128,3 +140,13 @@ def test_the_job_page_history_and_the_api_say_why(client, worker):
     assert body["why"]["code"] == "queue_paused" and body["why"]["link"] == "/dashboard/queues/"
     done = JobFactory(state="completed")
     assert client.get(f"/api/jobs/{done.id}").json()["why"] is None
+
+
+def test_the_reasons_times_are_on_the_sites_clock(worker, settings):
+    settings.TIME_ZONE = "Asia/Kolkata"
+    at = timezone.now() + timedelta(hours=2)
+    later = enqueue("echo", {}, run_at=at)
+    shown = timezone.localtime(at, timezone.get_current_timezone()).strftime("%Y-%m-%d %H:%M:%S")
+    assert f"at {shown} Asia/Kolkata" in why(later).text
+    flow.pause(queue="mail", actor="ops")
+    assert why(enqueue("echo", {}, queue_name="mail")).text.count("Asia/Kolkata") == 1

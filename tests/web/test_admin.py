@@ -343,6 +343,18 @@ def test_worker_admin_shows_heartbeat_age_and_stops_workers(operator):
     assert Worker.objects.get(id=worker.id).stop_requested_at is not None
 
 
+def test_the_worker_admins_quiet_action_asks_running_workers_only(operator):
+    up = Worker.objects.create(name="up", host="h", pid=5)
+    leaving = Worker.objects.create(name="leaving", host="h", pid=6, stop_requested_at=timezone.now())
+    url = reverse("admin:queue_app_worker_changelist")
+    response = operator.post(
+        url, {"action": "quiet", "_selected_action": [up.id, leaving.id], "index": "0"}, follow=True
+    )
+    assert "Quiet requested for 1 worker." in response.content.decode()
+    assert Worker.objects.get(id=up.id).quiet_requested_at is not None
+    assert Worker.objects.get(id=leaving.id).quiet_requested_at is None
+
+
 def test_editing_or_requeuing_shell_jobs_needs_the_shell_permission(operator):
     # change_job alone must not let an operator swap a shell job's command and run it.
     shell = JobFactory(dead=True, kind="shell", payload={"command": "echo hi"})

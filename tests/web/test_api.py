@@ -192,6 +192,18 @@ def test_workers_lists_registered_workers(api):
     assert [w["name"] for w in api.get("/api/workers").json()] == ["host-1:42"]
 
 
+def test_quiet_and_stop_over_the_api_ask_a_running_worker_once_and_refuse_a_second_time(api):
+    worker = Worker.objects.create(name="host-1:42", host="host-1", pid=42)
+    quiet = api.post(f"/api/workers/{worker.id}/quiet")
+    assert quiet.status_code == 200 and quiet.json()["quiet_requested_at"] is not None
+    again = api.post(f"/api/workers/{worker.id}/quiet")
+    assert again.status_code == 409 and "already told" in again.json()["error"]
+    stop = api.post(f"/api/workers/{worker.id}/stop")
+    assert stop.status_code == 200 and stop.json()["stop_requested_at"] is not None
+    assert api.post(f"/api/workers/{worker.id}/stop").status_code == 409
+    assert api.post("/api/workers/999999/quiet").status_code == 404
+
+
 def test_openapi_schema_lists_every_endpoint_and_the_docs_page_renders(api):
     schema = api.get("/api/openapi.json").json()
     assert schema["openapi"].startswith("3.")

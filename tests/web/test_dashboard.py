@@ -10,6 +10,7 @@ import time
 import urllib.request
 from datetime import timedelta
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -22,8 +23,9 @@ from queue_app.core import flow, transitions
 from queue_app.core.enqueueing import enqueue
 from queue_app.handlers import registry
 from queue_app.management.commands.web import gunicorn_argv, parse_addr
-from queue_app.models import DeadLetter, Event, Job, Pause, Schedule, State, Worker
+from queue_app.models import DeadLetter, Event, EventType, Job, Pause, Schedule, State, Worker, WorkerState
 from queue_app.ops import dashboard, reads
+from queue_app.templatetags import jobqueue_ui
 from queue_app.worker import schedules as scheduling
 from queue_app.worker.execution import run_one
 from tests.factories import DeadLetterFactory, JobFactory, make_staff
@@ -303,6 +305,27 @@ def test_the_workers_page_lists_each_workers_jobs_in_hand_and_its_kinds(operator
     assert "<td>export</td>" in page
 
 
+def test_quiet_asks_first_on_a_page_of_its_own_then_the_worker_shows_quiet_requested(operator):
+    worker = Worker.objects.create(name="a", host="h", pid=1, jobs_in_hand=2)
+    assert url("worker_quiet", worker.id) in operator.get(url("workers")).content.decode()
+    confirm = operator.get(url("worker_quiet", worker.id)).content.decode()
+    assert "Quiet worker a?" in confirm and "It holds 2 jobs now" in confirm
+    assert Worker.objects.get(id=worker.id).quiet_requested_at is None
+    operator.post(url("worker_quiet", worker.id))
+    assert Worker.objects.get(id=worker.id).quiet_requested_at is not None
+    page = operator.get(url("workers")).content.decode()
+    assert "quiet requested" in page and url("worker_quiet", worker.id) not in page
+    Worker.objects.filter(id=worker.id).update(state=WorkerState.QUIET)
+    assert 'data-status="quiet"' in operator.get(url("workers")).content.decode()
+
+
+def test_viewer_cannot_quiet_a_worker(viewer):
+    worker = Worker.objects.create(name="a", host="h", pid=1)
+    assert viewer.post(url("worker_quiet", worker.id)).status_code == 403
+    assert viewer.get(url("worker_quiet", worker.id)).status_code == 403
+    assert Worker.objects.get(id=worker.id).quiet_requested_at is None
+
+
 def test_viewer_cannot_stop_a_worker(viewer):
     worker = Worker.objects.create(name="a", host="h", pid=1)
     assert viewer.post(url("worker_stop", worker.id)).status_code == 403
@@ -369,7 +392,17 @@ def _row(rows, queue, kind):
     return found
 
 
-COUNTS = ("waiting", "ready", "later", "paused", "leased", "deadletter", "completed_hour", "failed_hour")
+COUNTS = (
+    "waiting",
+    "ready",
+    "scheduled",
+    "retrying",
+    "paused",
+    "leased",
+    "deadletter",
+    "completed",
+    "failed",
+)
 
 
 def test_queues_page_counts_live_jobs_per_queue_and_kind_by_status(viewer):
@@ -383,12 +416,13 @@ def test_queues_page_counts_live_jobs_per_queue_and_kind_by_status(viewer):
     assert {k: row[k] for k in COUNTS} == {
         "waiting": 0,
         "ready": 2,
-        "later": 1,
+        "scheduled": 1,
+        "retrying": 0,
         "paused": 0,
         "leased": 0,
         "deadletter": 1,
-        "completed_hour": 0,
-        "failed_hour": 0,
+        "completed": 0,
+        "failed": 0,
     }
     assert 290 < row["oldest_ready_seconds"] < 400
     assert not row["queue_paused"] and not row["kind_paused"]
@@ -407,16 +441,62 @@ def test_a_paused_queues_jobs_are_held_not_ready_nor_oldest_on_the_queues_page(v
     assert 'data-paused="queue"' in response.content.decode()
 
 
-def test_the_queues_page_shows_the_last_hours_attempts_and_mean_run_time(viewer):
+def test_the_queues_page_shows_the_windows_attempts_rates_and_wait_and_run_percentiles(viewer):
     enqueue("echo", {"n": 1}, queue_name="fast")
     run_one(worker_id="w-test")
     failed_job(kind="boom")
-    rows = viewer.get(url("queues")).context["rows"]
+    response = viewer.get(url("queues"))
+    rows = response.context["rows"]
     fast = _row(rows, "fast", "echo")
-    assert (fast["completed_hour"], fast["failed_hour"], fast["ready"]) == (1, 0, 0)
-    assert fast["mean_run"] is not None and fast["mean_run"] >= timedelta(0)
+    assert (fast["enqueued"], fast["completed"], fast["failed"], fast["ready"]) == (1, 1, 0, 0)
+    assert fast["completed_per_minute"] == pytest.approx(1 / 60)
+    assert fast["sampled"] == 1 and 0 <= fast["wait_p50"] <= fast["wait_p95"] < 60
+    assert 0 <= fast["run_p50"] <= fast["run_p95"] < 60
+    assert sum(fast["completed_series"]) == 1 and len(fast["completed_series"]) == 60
     boom = _row(rows, "default", "boom")
-    assert (boom["completed_hour"], boom["failed_hour"], boom["deadletter"]) == (0, 1, 1)
+    assert (boom["completed"], boom["failed"], boom["deadletter"]) == (0, 1, 1)
+    page = response.content.decode()
+    assert page.count('<svg class="spark"') == 2 and "1 enqueued, 1 completed, 0 failed" in page
+    assert "?queue=fast&amp;kind=echo&amp;status=ready" in page
+    assert '<td class="n" data-count="completed" title="1 completed in 1h">1/h</td>' in page
+
+
+@pytest.mark.parametrize(
+    "per_minute, shown",
+    [(0, "0"), (0.001, "<1/h"), (1 / 60, "1/h"), (0.5, "30/h"), (2.25, "2.2/min"), (1234, "1,234/min")],
+)
+def test_rates_keep_a_trickle_visible(per_minute, shown):
+    assert jobqueue_ui.rate(per_minute) == shown
+
+
+def test_the_queues_pages_percentiles_come_from_each_attempts_claim_and_completion(viewer):
+    now = timezone.now()
+    for waited, ran in [(1, 2), (2, 4), (3, 6), (4, 8), (100, 200)]:
+        job = JobFactory(
+            queue_name="q", kind="k", state=State.COMPLETED, attempts=1, run_at=now - timedelta(seconds=300)
+        )
+        claimed = now - timedelta(seconds=300 - waited)
+        Event.objects.create(job=job, type=EventType.CLAIMED, attempt=1, at=claimed)
+        Event.objects.create(
+            job=job, type=EventType.COMPLETED, attempt=1, at=claimed + timedelta(seconds=ran)
+        )
+    row = _row(viewer.get(url("queues") + "?window=15m").context["rows"], "q", "k")
+    assert (row["wait_p50"], row["wait_p95"]) == pytest.approx((3, 100))
+    assert (row["run_p50"], row["run_p95"]) == pytest.approx((6, 200))
+    assert row["completed"] == 5 and len(row["completed_series"]) == 15
+
+
+def test_the_queues_window_leaves_out_older_attempts_and_refuses_an_unknown_window(viewer):
+    job = JobFactory(queue_name="q", kind="k", state=State.COMPLETED)
+    Event.objects.create(
+        job=job, type=EventType.COMPLETED, attempt=1, at=timezone.now() - timedelta(minutes=10)
+    )
+    assert _row(viewer.get(url("queues") + "?window=15m").context["rows"], "q", "k")["completed"] == 1
+    assert viewer.get(url("queues") + "?window=5m").context["rows"] == []
+    response = viewer.get(url("queues") + "?window=9y", follow=True)
+    assert response.context["window"] == "1h" and "Unknown window" in response.content.decode()
+    day = viewer.get(url("queues") + "?window=24h").context["rows"]
+    assert len(_row(day, "q", "k")["completed_series"]) == 24
 
 
 def test_pause_and_resume_buttons_pause_and_resume_a_queue_and_a_kind(client):
@@ -643,6 +723,9 @@ def test_the_queues_page_shows_each_kind_limit_and_how_full_it_is(viewer):
     assert (limit["limit"].kind, limit["leased"], limit["keys_full"]) == ("export", 2, None)
     page = response.content.decode()
     assert 'data-limit="export"' in page and "2 / 2" in page and "per 1m00s" in page
+    (row,) = [r for r in response.context["rows"] if r["kind"] == "export"]
+    assert row["limit"]["leased"] == 2
+    assert '<span class="warn">2 of 2 leased</span> · 0 of 10 per 1m00s' in page
 
 
 # --- the job page -----------------------------------------------------------------------
@@ -774,6 +857,17 @@ def test_the_running_now_page_lists_leased_jobs_with_worker_child_runtime_progre
     )
 
 
+def test_a_workers_in_hand_count_links_to_running_now_narrowed_to_that_worker(viewer):
+    Worker.objects.create(name="w1", host="h", pid=1, jobs_in_hand=1)
+    Worker.objects.create(name="w10", host="h", pid=2, jobs_in_hand=1)
+    mine = JobFactory(leased=True, lease_owner="w1/tok/c0")
+    JobFactory(leased=True, lease_owner="w10/tok/c0")  # "w1" starts its name, not its owner
+    assert url("running") + "?worker=w1" in viewer.get(url("workers")).content.decode()
+    response = viewer.get(url("running") + "?worker=w1")
+    assert [r["job"].id for r in response.context["rows"]] == [mine.id]
+    assert "The jobs worker <strong>w1</strong> holds" in response.content.decode()
+
+
 def test_a_schedule_is_disabled_and_enabled_from_its_page(client):
     client.force_login(make_staff("sched", *READ, "queue_app.view_schedule", "queue_app.change_schedule"))
     Schedule.objects.create(name="nightly", cron="0 3 * * *", kind="echo")
@@ -851,3 +945,15 @@ def test_a_bulk_action_not_on_offer_is_refused(operator):
     response = bulk(operator, action="edit_payload", scope="selected", ids=[job.id], confirm="yes")
     assert "choose a bulk action" in response.content.decode()
     assert Job.objects.get(id=job.id).state == State.PENDING
+
+
+def test_every_stamp_and_the_clock_note_use_the_sites_time_zone_24_hour(viewer, settings):
+    settings.TIME_ZONE = "Asia/Kolkata"  # +05:30 all year: no daylight saving to dodge
+    job = enqueue("echo", {"n": 1})
+    created = job.created_at.astimezone(ZoneInfo("Asia/Kolkata"))
+    page = viewer.get(url("job", job.id)).content.decode()
+    assert created.strftime("%Y-%m-%d %H:%M:%S") in page
+    assert 'data-tz="Asia/Kolkata"' in page and "times in Asia/Kolkata, 24-hour" in page
+    overview = viewer.get(url("overview")).content.decode()
+    assert re.search(r"Read at \d\d:\d\d:\d\d Asia/Kolkata", overview)
+    assert " UTC" not in overview

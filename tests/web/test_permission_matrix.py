@@ -117,6 +117,8 @@ API = [
     ("replay", "operate", "post", "/api/dead-letters/{letter}/replay", None, 200),
     ("pause", "operate", "post", "/api/pauses", {"queue": "other"}, 201),
     ("resume", "operate", "delete", "/api/pauses?queue=mail", None, 200),
+    ("quiet worker", "operate", "post", "/api/workers/{worker}/quiet", None, 200),
+    ("stop worker", "operate", "post", "/api/workers/{worker}/stop", None, 200),
     ("create group", "enqueue", "post", "/api/groups", {"jobs": [{"kind": "echo"}]}, 201),
     ("get group", "read", "get", "/api/groups/{group}", None, 200),
     ("runtime settings", "read", "get", "/api/config", None, 200),
@@ -165,6 +167,8 @@ DASHBOARD = [
     ),
     ("stop worker", "act", "post", "worker_stop", ("worker",), {}),
     ("stop worker: confirm", "confirm", "get", "worker_stop", ("worker",), None),
+    ("quiet worker", "act", "post", "worker_quiet", ("worker",), {}),
+    ("quiet worker: confirm", "confirm", "get", "worker_quiet", ("worker",), None),
     ("schedules", "page", "get", "schedules", (), None),
     ("workflow", "page", "get", "workflow", ("pending",), None),
     ("run schedule now", "act", "post", "schedule_run_now", ("nightly",), {}),
@@ -200,7 +204,7 @@ def fingerprint():
         sorted(Job.objects.values_list("id", "state", "priority", "run_at", "payload")),
         Event.objects.count(),
         sorted(Pause.objects.values_list("scope", "name")),
-        sorted(Worker.objects.values_list("id", "stop_requested_at")),
+        sorted(Worker.objects.values_list("id", "stop_requested_at", "quiet_requested_at")),
         sorted(Schedule.objects.values_list("name", "enabled")),
         sorted(RuntimeSetting.objects.values_list("name", "value")),
         SettingChange.objects.count(),
@@ -266,6 +270,7 @@ def test_the_matrix_covers_every_api_operation_and_dashboard_view():
         "{letter}": "{letter_id}",
         "{group}": "{group_id}",
         "{setting}": "{name}",
+        "{worker}": "{worker_id}",
     }
 
     def template(path):

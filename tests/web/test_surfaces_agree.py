@@ -233,7 +233,7 @@ def test_health_and_metrics_read_the_same_statuses(world, client):
     assert by_status == {status: len(ids_with(by_id, status, late)) for status in JOB_STATUSES}
     assert fams["jobqueue_late_jobs"].samples[0].value == len(late)
     workers = {s.labels["state"]: s.value for s in fams["jobqueue_workers"].samples}
-    assert workers == {"running": 1, "stopping": 0, "lost": 1, "stopped": 1}
+    assert workers == {"running": 1, "quiet": 0, "stopping": 0, "lost": 1, "stopped": 1}
     # The oldest ready job is the late one, an hour old; the paused ones, older, are held.
     oldest = fams["jobqueue_oldest_pending_seconds"].samples[0].value
     assert 3599 <= oldest < 3700

@@ -75,6 +75,57 @@ def test_stopworkers_from_another_process_stops_a_running_worker():
     assert row.stop_requested_at is not None
 
 
+def test_quiet_worker_finishes_its_running_job_leases_no_more_and_stays_up_until_stopped(tmp_path):
+    marker = tmp_path / "started"
+    first = enqueue("mark", {"path": str(marker), "seconds": 1.5}, priority=5)
+    proc = manage(*RUNWORKER, "--name", "cli-quiet", "--heartbeat", "0.5")
+    wait_for(marker.exists, timeout=90, what="the first job to start", proc=proc)
+
+    quieter = manage("stopworkers", "--quiet", "--worker", "cli-quiet", "--wait", "50s")
+    quiet_code, quiet_out = finish(quieter, within=60)
+    later = enqueue("echo")
+    time.sleep(1.0)  # a few polls: a leasing worker would have taken it
+
+    assert quiet_code == 0, quiet_out
+    assert "quiet requested: cli-quiet" in quiet_out
+    first.refresh_from_db()
+    later.refresh_from_db()
+    assert first.state == State.COMPLETED
+    assert later.state == State.PENDING
+    row = Worker.objects.get(name="cli-quiet")
+    assert (row.status, row.jobs_in_hand) == (WorkerState.QUIET, 0)
+    beat = row.last_heartbeat
+    wait_for(
+        lambda: Worker.objects.get(name="cli-quiet").last_heartbeat > beat,
+        timeout=30,
+        what="a heartbeat while quiet",
+        proc=proc,
+    )
+    assert proc.poll() is None  # still up
+
+    stopper = manage("stopworkers", "--worker", "cli-quiet", "--wait", "50s")
+    stop_code, stop_out = finish(stopper, within=60)
+    code, out = finish(proc, within=60)
+    assert (stop_code, code) == (0, 0), (stop_out, out)
+    assert "quiet" in out
+    assert Worker.objects.get(name="cli-quiet").state == WorkerState.STOPPED
+    later.refresh_from_db()
+    assert later.state == State.PENDING
+
+
+def test_stopworkers_quiet_asks_running_workers_but_not_stopping_ones():
+    running = WorkerFactory(name="up")
+    WorkerFactory(name="leaving", stop_requested_at=timezone.now())
+    out = StringIO()
+
+    call_command("stopworkers", "--quiet", stdout=out)
+
+    assert out.getvalue().splitlines() == ["quiet requested: up"]
+    assert list(Worker.objects.filter(quiet_requested_at__isnull=False).values_list("id", flat=True)) == [
+        running.id
+    ]
+
+
 def test_stopworkers_without_names_asks_every_running_worker():
     running = WorkerFactory.create_batch(2)
     WorkerFactory(state=WorkerState.STOPPED)

@@ -11,13 +11,14 @@ class Command(cli.QueueCommand):
   manage.py workers --all                            # stopped ones too
   manage.py workers --json | jq '.[] | select(.status == "lost") | .name'
   manage.py stopworkers --worker NAME                # then stop one
+  manage.py stopworkers --quiet --worker NAME        # or have it lease no more
 
 A worker is lost when it has not stopped but its heartbeat is older than LEASE_SECONDS:
 its leases have lapsed (the dashboard, the admin, /health and /metrics use the same rule).
 --json prints a list (newest first) of {name, host (str), pid (int), status (running,
-stopping, lost or stopped), queues [str], kinds [str] ([] means every kind), concurrency,
+quiet, stopping, lost or stopped), queues [str], kinds [str] ([] means every kind), concurrency,
 threads, jobs_in_hand, jobs_done (int), started_at (ISO 8601), heartbeat_age (seconds,
-float), stop_requested (bool)}."""
+float), stop_requested, quiet_requested (bool)}."""
 
     def add_arguments(self, parser):
         parser.add_argument("--all", action="store_true", help="Include workers that have stopped.")

@@ -1,7 +1,8 @@
 // Refresh the page's live region in place: fetch ?partial=1 every few seconds and swap
 // it in. Paused while the tab is hidden or by the footer's Pause button; held while
-// keyboard focus is inside the region (a swap would throw it back to <body>); unchanged
-// content is not swapped. Without this script the page is still whole.
+// keyboard focus is inside the region (a swap would throw it back to <body>) or the pointer
+// is moving over its rows (they would shift under it); unchanged content is not swapped.
+// Without this script the page is still whole.
 (function () {
   "use strict";
   var region = document.getElementById("live");
@@ -15,9 +16,27 @@
   var userPaused = false;
   var toggle = document.getElementById("live-toggle");
 
-  function utc() {
-    // The server's stamps are UTC; the footer says the same clock.
-    return new Date().toISOString().slice(11, 19) + " UTC";
+  // One clock: the site's time zone (TIME_ZONE, on <body>), 24-hour, as the server's stamps.
+  var zone = document.body.dataset.tz || "UTC";
+
+  function clock() {
+    try {
+      return new Date().toLocaleTimeString("en-GB", { timeZone: zone, hour12: false }) + " " + zone;
+    } catch (e) {  // a zone this browser does not know
+      return new Date().toISOString().slice(11, 19) + " UTC";
+    }
+  }
+
+  // A pointer moving over the list's rows is about to click one: a swap then would
+  // shift the rows under it, so refreshes wait until it has been still (or away) a while.
+  var POINTER_HOLD_MS = 2000;
+  var rowPointerAt = 0;
+  region.addEventListener("pointermove", function (event) {
+    if (event.target.closest && event.target.closest("tbody")) rowPointerAt = Date.now();
+  });
+
+  function pointerOnRows() {
+    return Date.now() - rowPointerAt < POINTER_HOLD_MS;
   }
 
   function focusInside() {
@@ -43,6 +62,10 @@
       say("Held while focus is in the list; it updates when you move out of it");
       return;
     }
+    if (pointerOnRows()) {
+      say("Held while the pointer moves over the rows; it updates when the pointer rests or leaves");
+      return;
+    }
     busy = true;
     fetch(partialUrl(), { credentials: "same-origin", headers: { "X-Requested-With": "fetch" } })
       .then(function (response) {
@@ -51,7 +74,7 @@
         return response.text();
       })
       .then(function (html) {
-        if (focusInside()) return;  // focus moved in while the request ran
+        if (focusInside() || pointerOnRows()) return;  // focus or pointer came in meanwhile
         if (html !== last) {
           // Rows picked for a bulk action stay picked across the swap.
           var picked = {};
@@ -62,7 +85,7 @@
         last = html;
         swaps += 1;
         region.dataset.swaps = String(swaps);
-        say("Updated " + utc() + " · refreshes every " + every / 1000 + " s while visible");
+        say("Updated " + clock() + " · refreshes every " + every / 1000 + " s while visible");
       })
       .catch(function (err) {
         say("Refresh failed (" + err.message + "); retrying. Reload the page to log in again.", true);
