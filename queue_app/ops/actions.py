@@ -19,7 +19,7 @@ from queue_app.conf import settings
 from queue_app.core import aborting, transitions, validation
 from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound
 from queue_app.models import Job, Schedule, State, Worker
-from queue_app.ops import redaction
+from queue_app.ops import metrics, redaction
 from queue_app.worker import schedules as scheduling
 
 log = logging.getLogger("queue_app")
@@ -114,8 +114,12 @@ def _run(action, job_id, value, actor, using):
     elif action.name == "edit_payload":
         transitions.change_payload(job_id, value, actor=actor, using=using)
     elif action.name == "delete":
-        if not Job.objects.using(using).filter(id=job_id).delete()[0]:
-            raise JobNotFound(job_id)
+        with transaction.atomic(using=using):
+            if not Job.objects.using(using).filter(id=job_id).select_for_update().exists():
+                raise JobNotFound(job_id)
+            # The maintained counts lose it in the same transaction (its events go with it).
+            metrics.forget_jobs([job_id], using=using)
+            Job.objects.using(using).filter(id=job_id).delete()
         log.info("deleted id=%s by=%s", job_id, actor)
 
 

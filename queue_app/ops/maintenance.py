@@ -81,6 +81,7 @@ def prune(older_than, states=PRUNE_DEFAULT, *, batch_size=None, dry_run=False, p
         with transaction.atomic():
             # Re-checked under lock: a job requeued meanwhile is no longer prunable.
             ids = list(qs.filter(id__in=candidates).select_for_update().values_list("id", flat=True))
+            metrics.forget_jobs(ids)
             out.events += Event.objects.filter(job_id__in=ids).delete()[0]
             out.dead_letters += DeadLetter.objects.filter(job_id__in=ids).delete()[0]
             out.jobs += Job.objects.filter(id__in=ids).delete()[1].get(Job._meta.label, 0)
