@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import connections, router, transaction
-from django.db.models import Count, F, Sum
+from django.db.models import Count, F, Subquery, Sum
 from django.utils import timezone
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -52,6 +52,8 @@ from queue_app.models import (
     PAUSED,
     PENDING_STATUSES,
     READY,
+    RETRYING,
+    SCHEDULED,
     WORKER_STATUSES,
     DeadLetter,
     Event,
@@ -67,6 +69,8 @@ from queue_app.models import (
     PauseScope,
     State,
     Worker,
+    late_before,
+    status_q,
 )
 from queue_app.ops import reads
 
@@ -227,11 +231,9 @@ def _jobs(db, job_ids):
 def _recount(db):
     """Write JobCount afresh from the job table; return the newest event id it includes."""
     JobCount.objects.using(db).all().delete()
-    groups = (
-        Job.objects.using(db).order_by().values_list("state", "kind", "queue_name").annotate(n=Count("id"))
-    )
     JobCount.objects.using(db).bulk_create(
-        [JobCount(state=s, kind=k, queue_name=q, count=n) for s, k, q, n in groups], batch_size=_CHUNK
+        [JobCount(state=s, kind=k, queue_name=q, count=n) for s, k, q, n in _counted_groups(db)],
+        batch_size=_CHUNK,
     )
     return Event.objects.using(db).order_by("-id").values_list("id", flat=True).first() or 0
 
@@ -319,10 +321,20 @@ class Drift:
 
 
 def _actual(db):
-    groups = (
+    return {(s, k, q): n for s, k, q, n in _counted_groups(db)}
+
+
+def _kept_groups(db):
+    """[(state, kind, queue, n)] from JobCount: what a scrape reads, a few rows."""
+    rows = JobCount.objects.using(db).values_list("state", "kind", "queue_name", "count")
+    return [row for row in rows if row[3]]
+
+
+def _counted_groups(db):
+    """[(state, kind, queue, n)] counted over the job table (verify; the benchmark's before)."""
+    return list(
         Job.objects.using(db).order_by().values_list("state", "kind", "queue_name").annotate(n=Count("id"))
     )
-    return {(s, k, q): n for s, k, q, n in groups}
 
 
 def verify(*, using=None, repair=False):
@@ -431,6 +443,73 @@ def _histograms(db, metric, bounds, kinds, queues, pairs):
     return out
 
 
+def _levels(pending):
+    """The priority levels that have pending jobs: one index seek each (jq_ready_prio)."""
+    levels, qs = [], pending
+    while (level := qs.order_by("priority").values_list("priority", flat=True).first()) is not None:
+        levels.append(level)
+        qs = pending.filter(priority__gt=level)
+    return levels
+
+
+def _pending(db, groups, now):
+    """The pending jobs per (queue, kind) by status, and the oldest ready job's run_at per
+    queue, without a pass over the pending rows (a backlog of millions is normal).
+
+    JobCount gives the pending jobs; a paused queue's or kind's are all paused. Of the
+    rest, the not-yet-due ones (scheduled, retrying) and the ready ones due within
+    OPS_LATE_SECONDS (not late) are counted by range seeks per priority level on
+    jq_ready_prio (priority, run_at): they cost the jobs not due and the recently due,
+    never the ready backlog. The remainder is ready, and late; the oldest ready job of a
+    queue is one seek per level on jq_ready_queue (queue_name, priority, run_at)."""
+    pauses = set(Pause.objects.using(db).values_list("scope", "name"))
+    out = {}
+    for state, kind, queue, n in groups:
+        if state != State.PENDING:
+            continue
+        row = out[(queue, kind)] = dict.fromkeys(reads.PENDING_COUNTS, 0)
+        held = (PauseScope.QUEUE, queue) in pauses or (PauseScope.KIND, kind) in pauses
+        row[PAUSED if held else READY] = n
+        row[LATE] = 0 if held else n
+    rows = Job.objects.using(db).filter(state=State.PENDING).order_by()
+    levels = _levels(rows)
+    if not levels:
+        return out, {}
+    # One statement: a range seek per level over the jobs due after late_before(now).
+    near = rows.filter(priority__in=levels, run_at__gt=late_before(now))
+    counts = near.values_list("queue_name", "kind").annotate(
+        scheduled=Count("id", filter=status_q(SCHEDULED, now)),
+        retrying=Count("id", filter=status_q(RETRYING, now)),
+        recent=Count("id", filter=status_q(READY, now)),
+    )
+    for queue, kind, scheduled, retrying, recent in counts:
+        row = out.setdefault((queue, kind), dict.fromkeys(reads.PENDING_COUNTS, 0))
+        row[SCHEDULED] += scheduled
+        row[RETRYING] += retrying
+        row[READY] -= scheduled + retrying
+        row[LATE] -= scheduled + retrying + recent
+    # One statement too: per queue and level, its oldest ready job (a seek each).
+    ready = rows.filter(status_q(READY, now)).order_by("run_at").values("run_at")
+    seeks = {
+        f"q{i}_{j}": (queue, Subquery(ready.filter(queue_name=queue, priority=level)[:1]))
+        for i, queue in enumerate(sorted({q for (q, _), row in out.items() if row[READY] > 0}))
+        for j, level in enumerate(levels)
+    }
+    oldest = {}
+    if seeks:
+        one = MetricsCheckpoint.objects.using(db).filter(id=1)
+        found = one.annotate(**{key: sub for key, (_, sub) in seeks.items()}).values(*seeks).first() or {}
+        for key, run_at in found.items():
+            queue = seeks[key][0]
+            if run_at is not None and (queue not in oldest or run_at < oldest[queue]):
+                oldest[queue] = run_at
+    for row in out.values():
+        # JobCount was folded a moment before these reads: never below zero.
+        for name in reads.PENDING_COUNTS:
+            row[name] = max(row[name], 0)
+    return out, oldest
+
+
 def _limit_held(db, ready_by_kind, leased_by_kind, now):
     """Ready jobs of kinds whose concurrency or rate limit is spent right now."""
     held = 0
@@ -452,10 +531,8 @@ def snapshot(*, using=None, now=None):
         if time.monotonic() - started > _FOLD_SECONDS:
             break
     now = now or timezone.now()
-    # The maintained counts (JobCount), never a count over the job table.
-    groups = [
-        g for g in JobCount.objects.using(db).values_list("state", "kind", "queue_name", "count") if g[3]
-    ]
+    # The maintained counts, never a count over the job table.
+    groups = _kept_groups(db)
     kind_totals, queue_totals = dict.fromkeys(registry.kinds(), 0), {settings.DEFAULT_QUEUE: 0}
     for _, kind, queue, n in groups:
         kind_totals[kind] = kind_totals.get(kind, 0) + n
@@ -489,19 +566,18 @@ def snapshot(*, using=None, now=None):
             by_queue.setdefault((queue, state), 0)
     events = dict.fromkeys(EventType.values, 0)
     events.update(EventCount.objects.using(db).values_list("type", "count"))
-    pending = reads.pending_by_queue_and_kind(Job.objects.using(db).all(), now)
+    pending, oldest_ready = _pending(db, groups, now)
     totals = {name: sum(p[name] for p in pending.values()) for name in reads.PENDING_COUNTS}
-    oldest = min((p["oldest"] for p in pending.values() if p["oldest"]), default=None)
+    oldest = min(oldest_ready.values(), default=None)
     paused_queues = set(Pause.objects.using(db).filter(scope=PauseScope.QUEUE).values_list("name", flat=True))
     oldest_by_queue = {q: 0.0 for q in queues if q != OTHER and q not in paused_queues}
-    ready_by_kind = {}
-    for (queue, kind), p in pending.items():
-        ready_by_kind[kind] = ready_by_kind.get(kind, 0) + p[READY]
-        if queue in paused_queues or not p["oldest"]:
-            continue
+    for queue, run_at in oldest_ready.items():
         queue = queue if queue in queues else OTHER
-        waited = max((now - p["oldest"]).total_seconds(), 0.0)
+        waited = max((now - run_at).total_seconds(), 0.0)
         oldest_by_queue[queue] = max(oldest_by_queue.get(queue, 0.0), waited)
+    ready_by_kind = {}
+    for (_, kind), p in pending.items():
+        ready_by_kind[kind] = ready_by_kind.get(kind, 0) + p[READY]
     by_status = {
         name: totals[name] if name in PENDING_STATUSES else jobs.get(name, 0) for name in JOB_STATUSES
     }

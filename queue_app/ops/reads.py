@@ -153,18 +153,6 @@ def pending_counts(qs=None, now=None):
     )
 
 
-def pending_by_queue_and_kind(qs=None, now=None):
-    """pending_counts per (queue, kind): {(queue, kind): {status: n, ..., "oldest": run_at}}.
-    One pass over the pending rows, as pending_counts."""
-    now = now or timezone.now()
-    qs = (Job.objects.all() if qs is None else qs).filter(state=State.PENDING).order_by()
-    groups = qs.values("queue_name", "kind").annotate(
-        **{name: Count("id", filter=status_q(name, now)) for name in PENDING_COUNTS},
-        oldest=Min("run_at", filter=status_q(READY, now)),
-    )
-    return {(g.pop("queue_name"), g.pop("kind")): g for g in groups}
-
-
 def state_counts(qs=None):
     """Jobs per stored state, every state present (zeros included)."""
     qs = (Job.objects.all() if qs is None else qs).order_by()
