@@ -67,6 +67,9 @@ DEFAULTS = {
     # `manage.py doctor`: a completed job's events older than this many days mean nothing
     # prunes the event table.
     "DOCTOR_PRUNE_DAYS": 30,
+    # doctor EXPLAINs the claim's and the dashboard's queries on tables this large: on a
+    # smaller one reading it all is the planner's right choice, not a missing index.
+    "DOCTOR_EXPLAIN_MIN_ROWS": 10_000,
     # runworker: processes, threads per process and jobs leased per claim.
     "WORKER_CONCURRENCY": 1,
     "WORKER_THREADS": 1,

@@ -118,6 +118,17 @@ class Engine:
         """What this database's own settings would have fixed: [(problem, fix)] (manage.py doctor)."""
         return []
 
+    def plan(self, sql, params):
+        """The planner's plan for ``sql`` as text that names each index it uses (EXPLAIN:
+        nothing runs)."""
+        raise NotImplementedError
+
+    def estimated_rows(self, table):
+        """About how many rows ``table`` holds, without counting them (its highest id here)."""
+        with self.connection.cursor() as cursor:
+            cursor.execute(f"SELECT MAX(id) FROM {table}")
+            return cursor.fetchone()[0] or 0
+
     # --- enqueue ---------------------------------------------------------------------
 
     def insert_chunk(self):
