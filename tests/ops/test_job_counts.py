@@ -176,3 +176,48 @@ def test_verify_reports_drift_and_repair_fixes_it():
     [job] = transitions.claim("w1")
     transitions.complete(job.id, worker_id="w1", attempt=job.attempts)
     assert_no_drift()
+
+
+def _work(worker_id, rounds):
+    """Claim, then complete or fail (every third job), until nothing is pending."""
+    for _ in range(rounds):
+        jobs = transitions.claim(worker_id, limit=5)
+        if not jobs and not Job.objects.filter(state=State.PENDING).exists():
+            return
+        for job in jobs:
+            if job.id % 3:
+                transitions.complete(job.id, worker_id=worker_id, attempt=job.attempts)
+            else:
+                transitions.fail(job.id, worker_id=worker_id, attempt=job.attempts, error=ERROR, retry=False)
+
+
+def _scrape_and_delete(rounds):
+    """What an operator and Prometheus do meanwhile: scrape, delete jobs, prune."""
+    for i in range(rounds):
+        metrics.snapshot()
+        victim = Job.objects.filter(state=State.PENDING).order_by("?").values_list("id", flat=True).first()
+        if victim is not None:
+            try:
+                actions.apply("delete", victim)
+            except Exception:  # claimed meanwhile: nothing to delete, nothing to count
+                pass
+        if i % 5 == 0 and i < rounds // 2:
+            maintenance.prune(0, states=[State.COMPLETED])
+
+
+def _either(target, *args):
+    target(*args)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_counts_stay_exact_while_workers_run_and_an_operator_scrapes_deletes_and_prunes():
+    from tests.conftest import run_processes
+
+    metrics.catch_up()
+    bulk_enqueue([{"kind": "echo", "payload": {"i": i}, "queue_name": f"q{i % 3}"} for i in range(300)])
+    codes = run_processes(_either, [(_work, "w1", 200), (_work, "w2", 200), (_scrape_and_delete, 40)])
+    assert codes == [0, 0, 0]
+    assert not Job.objects.filter(state__in=[State.PENDING, State.LEASED]).exists()
+    assert 0 < Job.objects.count() < 300  # some deleted or pruned, some kept
+    assert_no_drift()
+    assert sum(JobCount.objects.values_list("count", flat=True)) == Job.objects.count()
