@@ -38,12 +38,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import connections, router, transaction
-from django.db.models import Count, F, Subquery, Sum
+from django.db.models import Count, F, Sum
 from django.utils import timezone
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from queue_app import engines
 from queue_app.conf import settings
 from queue_app.handlers import registry
 from queue_app.models import (
@@ -55,7 +56,6 @@ from queue_app.models import (
     RETRYING,
     SCHEDULED,
     WORKER_STATUSES,
-    DeadLetter,
     Event,
     EventCount,
     EventType,
@@ -452,7 +452,7 @@ def _levels(pending):
     return levels
 
 
-def _pending(db, groups, now):
+def _pending(db, groups, pauses, now):
     """The pending jobs per (queue, kind) by status, and the oldest ready job's run_at per
     queue, without a pass over the pending rows (a backlog of millions is normal).
 
@@ -462,7 +462,6 @@ def _pending(db, groups, now):
     jq_ready_prio (priority, run_at): they cost the jobs not due and the recently due,
     never the ready backlog. The remainder is ready, and late; the oldest ready job of a
     queue is one seek per level on jq_ready_queue (queue_name, priority, run_at)."""
-    pauses = set(Pause.objects.using(db).values_list("scope", "name"))
     out = {}
     for state, kind, queue, n in groups:
         if state != State.PENDING:
@@ -489,20 +488,9 @@ def _pending(db, groups, now):
         row[READY] -= scheduled + retrying
         row[LATE] -= scheduled + retrying + recent
     # One statement too: per queue and level, its oldest ready job (a seek each).
-    ready = rows.filter(status_q(READY, now)).order_by("run_at").values("run_at")
-    seeks = {
-        f"q{i}_{j}": (queue, Subquery(ready.filter(queue_name=queue, priority=level)[:1]))
-        for i, queue in enumerate(sorted({q for (q, _), row in out.items() if row[READY] > 0}))
-        for j, level in enumerate(levels)
-    }
-    oldest = {}
-    if seeks:
-        one = MetricsCheckpoint.objects.using(db).filter(id=1)
-        found = one.annotate(**{key: sub for key, (_, sub) in seeks.items()}).values(*seeks).first() or {}
-        for key, run_at in found.items():
-            queue = seeks[key][0]
-            if run_at is not None and (queue not in oldest or run_at < oldest[queue]):
-                oldest[queue] = run_at
+    ready = sorted({q for (q, _), row in out.items() if row[READY] > 0})
+    paused_kinds = sorted(name for scope, name in pauses if scope == PauseScope.KIND)
+    oldest = engines.of(connections[db]).oldest_ready(ready, levels, now, paused_kinds)
     for row in out.values():
         # JobCount was folded a moment before these reads: never below zero.
         for name in reads.PENDING_COUNTS:
@@ -566,10 +554,11 @@ def snapshot(*, using=None, now=None):
             by_queue.setdefault((queue, state), 0)
     events = dict.fromkeys(EventType.values, 0)
     events.update(EventCount.objects.using(db).values_list("type", "count"))
-    pending, oldest_ready = _pending(db, groups, now)
+    pauses = set(Pause.objects.using(db).values_list("scope", "name"))
+    pending, oldest_ready = _pending(db, groups, pauses, now)
     totals = {name: sum(p[name] for p in pending.values()) for name in reads.PENDING_COUNTS}
     oldest = min(oldest_ready.values(), default=None)
-    paused_queues = set(Pause.objects.using(db).filter(scope=PauseScope.QUEUE).values_list("name", flat=True))
+    paused_queues = {name for scope, name in pauses if scope == PauseScope.QUEUE}
     oldest_by_queue = {q: 0.0 for q in queues if q != OTHER and q not in paused_queues}
     for queue, run_at in oldest_ready.items():
         queue = queue if queue in queues else OTHER
@@ -603,7 +592,9 @@ def snapshot(*, using=None, now=None):
         wait_bounds=wait_bounds,
         waits=_histograms(db, HistogramMetric.WAIT, wait_bounds, kinds, queues, pairs),
         workers={s: n for s, n in reads.worker_counts(using=db, now=now).items() if s in WORKER_STATES},
-        dead_letters=DeadLetter.objects.using(db).unresolved().count(),
+        # Each dead_letter job has one unresolved dead letter (dead-lettering writes it,
+        # requeue resolves it, prune deletes both): the kept count, not a count of rows.
+        dead_letters=jobs.get(State.DEAD_LETTER, 0),
         db_reconnects=Worker.objects.using(db).aggregate(n=Sum("db_reconnects"))["n"] or 0,
     )
 

@@ -12,7 +12,7 @@ from django.utils import timezone
 from queue_app import bulk_enqueue, enqueue
 from queue_app.core import aborting, transitions
 from queue_app.exceptions import JobNotFound
-from queue_app.models import Job, JobCount, State
+from queue_app.models import DeadLetter, Job, JobCount, State
 from queue_app.ops import actions, maintenance, metrics
 from tests.factories import JobFactory
 
@@ -79,9 +79,11 @@ def test_requeue_brings_a_dead_letter_back():
     job = enqueue("echo", {}, max_attempts=1)
     [job] = transitions.claim("w1")
     transitions.fail(job.id, worker_id="w1", attempt=job.attempts, error=ERROR)
+    assert metrics.snapshot().dead_letters == DeadLetter.objects.unresolved().count() == 1
     transitions.requeue(job.id)
     assert_no_drift()
     assert (kept(State.DEAD_LETTER), kept(State.PENDING)) == (0, 1)
+    assert metrics.snapshot().dead_letters == DeadLetter.objects.unresolved().count() == 0
 
 
 def test_cancel_of_a_pending_and_abort_of_a_running_job():

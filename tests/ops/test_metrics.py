@@ -295,6 +295,8 @@ def test_oldest_ready_job_per_queue_leaves_paused_queues_out():
     JobFactory(queue_name="reports", scheduled=True)
     JobFactory(queue_name="held", run_at=timezone.now() - timedelta(seconds=900))
     flow.pause(queue="held")
+    JobFactory(queue_name="mail", kind="add", run_at=timezone.now() - timedelta(seconds=2000))
+    flow.pause(kind="add")  # held, not waiting: not mail's oldest
     fams = scrape()
     assert 300 <= value(fams, "jobqueue_oldest_ready_seconds", queue="mail") < 360
     assert 60 <= value(fams, "jobqueue_oldest_ready_seconds", queue="reports") < 120
