@@ -69,8 +69,10 @@ def findings(using=None, now=None):
     )
     oldest = oldest.first()
     if days and oldest is not None and oldest < now - timedelta(days=days):
+        size = engines.of(connections[db]).estimated_rows("queue_app_event")
         out.append(
-            f"completed jobs' events go back {(now - oldest).days} days, past DOCTOR_PRUNE_DAYS ({days}): "
+            f"completed jobs' events go back {(now - oldest).days} days, past DOCTOR_PRUNE_DAYS ({days}), "
+            f"in an event table of about {size:,} rows: "
             f"nothing prunes them; run manage.py prune --older-than {days}d daily (cron or a schedule)"
         )
     out.extend(f"{problem}: {fix}" for problem, fix in engines.of(connections[db]).doctor())
