@@ -21,10 +21,14 @@ Why a scrape stays cheap with millions of rows:
   forget_jobs() in the deleting transaction, after folding their last events under
   the checkpoint lock; a checkpoint without ``counts_from`` (a new installation, an
   upgrade) is recounted once. verify() recounts the job table and reports drift.
-- The pending rows are read once per scrape for their statuses, the oldest ready job
-  per queue and the jobs a spent limit holds (``reads.pending_by_queue_and_kind``,
-  over the partial index of pending rows), with the unresolved dead letters and the
-  workers per status (``reads.worker_counts``: the one lost rule).
+- The pending breakdown (ready, scheduled, retrying, paused, late) and the oldest ready
+  job per queue come from JobCount and index seeks (_pending; Engine.oldest_ready), never
+  a pass over the ready backlog; unresolved dead letters are the kept dead_letter count;
+  workers per status come from ``reads.worker_counts`` (the one lost rule).
+- Exactness of JobCount rests on each event being folded once: an event whose
+  transaction stays open longer than METRICS_GAP_SECONDS after a later id was folded is
+  missed (its gap expires), as it is by EventCount. ``manage.py metrics --verify``
+  shows such drift and ``--repair`` recounts.
 - The wait (ready to claimed) and run (claimed to completed) histograms are folded per
   kind and queue into ``JobHistogram``, bucket bounds from settings.
 
