@@ -72,6 +72,9 @@ DEFAULTS = {
     # `manage.py doctor`: a completed job's events older than this many days mean nothing
     # prunes the event table.
     "DOCTOR_PRUNE_DAYS": 30,
+    # doctor EXPLAINs the claim's and the dashboard's queries on tables this large: on a
+    # smaller one reading it all is the planner's right choice, not a missing index.
+    "DOCTOR_EXPLAIN_MIN_ROWS": 10_000,
     # runworker: processes, threads per process and jobs leased per claim.
     "WORKER_CONCURRENCY": 1,
     "WORKER_THREADS": 1,
@@ -136,6 +139,9 @@ DEFAULTS = {
     "METRICS_MAX_QUEUES": 50,
     # Upper bounds (seconds) of jobqueue_job_duration_seconds; +Inf is added.
     "METRICS_DURATION_BUCKETS": (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0),
+    # Upper bounds (seconds) of jobqueue_job_wait_seconds (ready to claimed); a queue that
+    # keeps up answers in well under a second, a backlog in minutes.
+    "METRICS_WAIT_BUCKETS": (0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0, 3600.0),
     # Events folded into the counters per step, and how long an id skipped by the fold
     # (its transaction had not committed) is watched for a late commit.
     "METRICS_FOLD_BATCH": 50_000,

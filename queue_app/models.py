@@ -637,17 +637,54 @@ class EventCount(models.Model):
         return f"{self.type}: {self.count}"
 
 
-class JobDuration(models.Model):
-    """Histogram of completed attempts' run time per kind, folded in with EventCount."""
+class JobCount(models.Model):
+    """Jobs in one (state, kind, queue): folded from the event log with EventCount.
 
-    kind = models.CharField(max_length=KIND_MAX_LENGTH, primary_key=True)
-    # Cumulative counts per bucket bound in conf METRICS_DURATION_BUCKETS, then +Inf.
+    Each event's from_state and to_state move one job between rows; deleting jobs
+    (prune, the admin's delete) takes them out in its own transaction
+    (metrics.forget_jobs), so a scrape reads these few rows, never the job table.
+    ``manage.py metrics --verify`` recounts and reports drift.
+    """
+
+    state = models.CharField(max_length=16)
+    kind = models.CharField(max_length=KIND_MAX_LENGTH)
+    queue_name = models.CharField(max_length=QUEUE_NAME_MAX_LENGTH)
+    count = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["state", "kind", "queue_name"], name="jq_jobcount_key"),
+        ]
+
+    def __str__(self):
+        return f"{self.state} {self.kind} {self.queue_name}: {self.count}"
+
+
+class HistogramMetric(models.TextChoices):
+    # Ready to claimed: how long a job waited for a worker (conf METRICS_WAIT_BUCKETS).
+    WAIT = "wait"
+    # Claimed to completed: one attempt's run time (conf METRICS_DURATION_BUCKETS).
+    RUN = "run"
+
+
+class JobHistogram(models.Model):
+    """A histogram per kind and queue, folded in with EventCount."""
+
+    metric = models.CharField(max_length=8, choices=HistogramMetric.choices)
+    kind = models.CharField(max_length=KIND_MAX_LENGTH)
+    queue_name = models.CharField(max_length=QUEUE_NAME_MAX_LENGTH)
+    # Counts per bucket bound in settings, then +Inf (not cumulative).
     buckets = models.JSONField(default=list)
     count = models.BigIntegerField(default=0)
     sum = models.FloatField(default=0.0)
 
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["metric", "kind", "queue_name"], name="jq_histogram_key"),
+        ]
+
     def __str__(self):
-        return f"{self.kind}: {self.count} completed"
+        return f"{self.metric} {self.kind} {self.queue_name}: {self.count}"
 
 
 class MetricsCheckpoint(models.Model):
@@ -662,6 +699,9 @@ class MetricsCheckpoint(models.Model):
     last_event_id = models.BigIntegerField(default=0)
     gaps = models.JSONField(default=dict, blank=True)
     folded_at = models.DateTimeField(null=True, blank=True)
+    # JobCount holds the events up to this id as a recount (None: not counted yet, the
+    # next fold recounts); later events move jobs between its rows.
+    counts_from = models.BigIntegerField(null=True, blank=True)
 
     def __str__(self):
         return f"events folded up to #{self.last_event_id}"

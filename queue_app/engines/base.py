@@ -118,6 +118,17 @@ class Engine:
         """What this database's own settings would have fixed: [(problem, fix)] (manage.py doctor)."""
         return []
 
+    def plan(self, sql, params):
+        """The planner's plan for ``sql`` as text that names each index it uses (EXPLAIN:
+        nothing runs)."""
+        raise NotImplementedError
+
+    def estimated_rows(self, table):
+        """About how many rows ``table`` holds, without counting them (its highest id here)."""
+        with self.connection.cursor() as cursor:
+            cursor.execute(f"SELECT MAX(id) FROM {table}")
+            return cursor.fetchone()[0] or 0
+
     # --- enqueue ---------------------------------------------------------------------
 
     def insert_chunk(self):
@@ -227,6 +238,34 @@ class Engine:
                 f" UNION ALL SELECT 'limit', kind FROM {KindLimit._meta.db_table} WHERE {LIMITED}"
             )
             return cursor.fetchall()
+
+    def oldest_ready(self, queues, levels, now, paused_kinds):
+        """{queue: the run_at of its oldest ready job} for ``queues`` (none paused), jobs
+        of ``paused_kinds`` left out: one statement, a seek per queue and priority level
+        on jq_ready_queue (queue_name, priority, run_at), each stepping over paused kinds."""
+        if not queues or not levels:
+            return {}
+        skip = f" AND kind NOT IN ({', '.join(['%s'] * len(paused_kinds))})" if paused_kinds else ""
+        seek = (
+            f"SELECT %s AS q, (SELECT run_at FROM {rows.JOB_TABLE} WHERE state = 'pending'"
+            f" AND queue_name = %s AND priority = %s AND run_at <= %s{skip} ORDER BY run_at LIMIT 1) AS r"
+        )
+        at = self.connection.ops.adapt_datetimefield_value(now)
+        parts, params = [], []
+        for queue in queues:
+            for level in levels:
+                parts.append(seek)
+                params += [queue, queue, level, at, *paused_kinds]
+        with self.connection.cursor() as cursor:
+            cursor.execute(f"SELECT q, MIN(r) FROM ({' UNION ALL '.join(parts)}) seeks GROUP BY q", params)
+            found = cursor.fetchall()
+        # As the ORM reads a DateTimeField: SQLite returns text, MariaDB naive datetimes.
+        convert = getattr(self.connection.ops, "convert_datetimefield_value", None)
+        return {
+            queue: convert(run_at, None, self.connection) if convert else run_at
+            for queue, run_at in found
+            if run_at is not None
+        }
 
     # After FROM in the per-key count: a vendor's index hint.
     PER_KEY_HINT = ""

@@ -33,6 +33,25 @@ _US = timedelta(microseconds=1)
 class MariadbEngine(Engine):
     vendor = "mysql"
 
+    def plan(self, sql, params):
+        # One line per table read: its access type (ALL: all of it) and the index (key) used.
+        with self.connection.cursor() as cursor:
+            cursor.execute(f"EXPLAIN {sql}", params)
+            names = [c[0] for c in cursor.description]
+            rows_ = [dict(zip(names, row)) for row in cursor.fetchall()]
+        return "\n".join(f"{r.get('table')} {r.get('type')} key={r.get('key')}" for r in rows_)
+
+    def estimated_rows(self, table):
+        # InnoDB's estimate from its statistics, as the optimizer reads it.
+        with self.connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE()"
+                " AND TABLE_NAME = %s",
+                [table],
+            )
+            row = cursor.fetchone()
+        return int(row[0] or 0) if row else 0
+
     def claim(
         self,
         *,

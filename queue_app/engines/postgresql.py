@@ -62,6 +62,20 @@ class PostgresEngine(Engine):
                     )
         return out
 
+    def plan(self, sql, params):
+        with self.connection.cursor() as cursor:
+            cursor.execute(f"EXPLAIN {sql}", params)
+            return "\n".join(row[0] for row in cursor.fetchall())
+
+    def estimated_rows(self, table):
+        # The planner's own estimate (-1: never analysed; then the highest id).
+        with self.connection.cursor() as cursor:
+            cursor.execute("SELECT reltuples FROM pg_class WHERE relname = %s AND relkind = 'r'", [table])
+            row = cursor.fetchone()
+        if row and row[0] >= 0:
+            return int(row[0])
+        return super().estimated_rows(table)
+
     # --- enqueue ---------------------------------------------------------------------
 
     def insert_chunk(self):

@@ -44,6 +44,12 @@ class SqliteEngine(Engine):
             )
         return out
 
+    def plan(self, sql, params):
+        # One line per step: "SEARCH t USING INDEX name (...)", "SCAN t" (all of it).
+        with self.connection.cursor() as cursor:
+            cursor.execute(f"EXPLAIN QUERY PLAN {sql}", params)
+            return "\n".join(str(row[-1]) for row in cursor.fetchall())
+
     def claim(
         self,
         *,

@@ -19,7 +19,7 @@ from queue_app.conf import settings
 from queue_app.core import aborting, transitions, validation
 from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound
 from queue_app.models import Job, Schedule, State, Worker
-from queue_app.ops import redaction
+from queue_app.ops import metrics, redaction
 from queue_app.worker import schedules as scheduling
 
 log = logging.getLogger("queue_app")
@@ -113,10 +113,22 @@ def _run(action, job_id, value, actor, using):
         transitions.change_priority(job_id, value, actor=actor, using=using)
     elif action.name == "edit_payload":
         transitions.change_payload(job_id, value, actor=actor, using=using)
-    elif action.name == "delete":
-        if not Job.objects.using(using).filter(id=job_id).delete()[0]:
-            raise JobNotFound(job_id)
+    elif action.name == "delete" and not _delete([job_id], actor, using):
+        raise JobNotFound(job_id)
+
+
+def _delete(job_ids, actor, using):
+    """Delete jobs with their history; return the set of ids that were still there."""
+    with transaction.atomic(using=using):
+        found = list(
+            Job.objects.using(using).filter(id__in=job_ids).select_for_update().values_list("id", flat=True)
+        )
+        # The maintained counts lose them in the same transaction (their events go with them).
+        metrics.forget_jobs(found, using=using)
+        Job.objects.using(using).filter(id__in=found).delete()
+    for job_id in found:
         log.info("deleted id=%s by=%s", job_id, actor)
+    return set(found)
 
 
 # Actions that would run a shell job's command again, or an edited one: they need
@@ -198,12 +210,20 @@ def apply_many(
     ids_qs = queryset.filter(state__in=action.states).order_by("id").values_list("id", flat=True)
     last = 0
     while True:
-        ids = list(ids_qs.filter(id__gt=last)[:batch_size])
+        ids = batch = list(ids_qs.filter(id__gt=last)[:batch_size])
         if not ids:
             return out
         # One transaction per batch: locks are held for one batch only; each edge
         # runs in its own savepoint so one refusal does not undo the others.
         with transaction.atomic(using=db):
+            if action.name == "delete":
+                # One lock, fold and DELETE for the batch (a job gone meanwhile is skipped).
+                deleted = _delete(ids, actor, db)
+                out.done += len(deleted)
+                gone = [job_id for job_id in ids if job_id not in deleted]
+                out.skipped += len(gone)
+                out.errors += [str(JobNotFound(job_id)) for job_id in gone][: max(5 - len(out.errors), 0)]
+                ids = []
             for job_id in ids:
                 try:
                     with transaction.atomic(using=db):
@@ -213,8 +233,8 @@ def apply_many(
                     out.skipped += 1
                     if len(out.errors) < 5:
                         out.errors.append(str(exc))
-        progress(len(ids))
-        last = ids[-1]
+        progress(len(batch))
+        last = batch[-1]
         if time.monotonic() > deadline:
             out.more = ids_qs.filter(id__gt=last).exists()
             return out

@@ -114,6 +114,7 @@ def prune(older_than, states=PRUNE_DEFAULT, *, batch_size=None, dry_run=False, p
         last = candidates[-1]
         with transaction.atomic():
             ids, groups = _whole_batch(qs, candidates)
+            metrics.forget_jobs(ids)
             out.events += Event.objects.filter(job_id__in=ids).delete()[0]
             out.dead_letters += DeadLetter.objects.filter(job_id__in=ids).delete()[0]
             out.jobs += Job.objects.filter(id__in=ids).delete()[1].get(Job._meta.label, 0)

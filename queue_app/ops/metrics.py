@@ -14,10 +14,23 @@ Why a scrape stays cheap with millions of rows:
   it passed that were missing (``MetricsCheckpoint.gaps``, only within the top
   METRICS_FOLD_BATCH ids) and counts them if they appear within METRICS_GAP_SECONDS;
   a rolled-back id simply expires.
-- Job gauges are one GROUP BY over (state, kind, queue_name), plus one pass over the
-  pending rows for their statuses and the oldest ready job (``reads.pending_counts``,
-  the dashboard's and the CLI's breakdown too), a count of unresolved dead letters and
-  of workers per status (``reads.worker_counts``: the one lost rule).
+- Job gauges read ``JobCount`` (state, kind, queue), maintained by the same fold: an
+  event whose from_state and to_state differ moves its job from one row to the other
+  (the job's kind and queue read by id, one IN per chunk; the rows written once per
+  batch). Jobs deleted without events (prune, the admin's delete) are taken out by
+  forget_jobs() in the deleting transaction, after folding their last events under
+  the checkpoint lock; a checkpoint without ``counts_from`` (a new installation, an
+  upgrade) is recounted once. verify() recounts the job table and reports drift.
+- The pending breakdown (ready, scheduled, retrying, paused, late) and the oldest ready
+  job per queue come from JobCount and index seeks (_pending; Engine.oldest_ready), never
+  a pass over the ready backlog; unresolved dead letters are the kept dead_letter count;
+  workers per status come from ``reads.worker_counts`` (the one lost rule).
+- Exactness of JobCount rests on each event being folded once: an event whose
+  transaction stays open longer than METRICS_GAP_SECONDS after a later id was folded is
+  missed (its gap expires), as it is by EventCount. ``manage.py metrics --verify``
+  shows such drift and ``--repair`` recounts.
+- The wait (ready to claimed) and run (claimed to completed) histograms are folded per
+  kind and queue into ``JobHistogram``, bucket bounds from settings.
 
 Label cardinality is bounded: ``state`` and ``type`` come from fixed enums; ``kind``
 and ``queue`` keep at most METRICS_MAX_KINDS / METRICS_MAX_QUEUES values (registered
@@ -26,7 +39,7 @@ kinds and the default queue first, then the busiest) and report the rest as "_ot
 
 import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.db import connections, router, transaction
 from django.db.models import Count, F, Sum
@@ -35,23 +48,34 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from queue_app import engines
 from queue_app.conf import settings
 from queue_app.handlers import registry
 from queue_app.models import (
     JOB_STATUSES,
     LATE,
+    PAUSED,
     PENDING_STATUSES,
+    READY,
+    RETRYING,
+    SCHEDULED,
     WORKER_STATUSES,
-    DeadLetter,
     Event,
     EventCount,
     EventType,
+    HistogramMetric,
     Job,
-    JobDuration,
+    JobCount,
+    JobHistogram,
     KindCrashes,
+    KindLimit,
     MetricsCheckpoint,
+    Pause,
+    PauseScope,
     State,
     Worker,
+    late_before,
+    status_q,
 )
 from queue_app.ops import reads
 
@@ -77,8 +101,12 @@ class Snapshot:
     jobs_by_queue: dict  # (queue, state) -> count
     events: dict  # event type -> total ever appended
     oldest_pending_seconds: float
-    bounds: tuple  # histogram bucket upper bounds, without +Inf
-    durations: dict  # kind -> (per-bucket counts incl. +Inf, count, sum)
+    oldest_ready_by_queue: dict  # queue (not paused) -> seconds its oldest ready job has waited
+    held: dict  # "pause", "limit", "dependencies" -> jobs held back by it
+    bounds: tuple  # run-time histogram bucket upper bounds, without +Inf
+    durations: dict  # (kind, queue) -> (per-bucket counts incl. +Inf, count, sum)
+    wait_bounds: tuple  # the wait histogram's
+    waits: dict  # (kind, queue) -> as durations, for the wait from ready to claimed
     workers: dict  # worker state -> count
     dead_letters: int
     db_reconnects: int = 0  # database outages the workers waited out, over all Worker rows
@@ -89,8 +117,12 @@ def _db(using):
     return using or router.db_for_write(Event)
 
 
-def _bounds():
-    return tuple(sorted(float(b) for b in settings.METRICS_DURATION_BUCKETS))
+# Each histogram's bucket bounds, by setting.
+_BUCKETS = {"run": "METRICS_DURATION_BUCKETS", "wait": "METRICS_WAIT_BUCKETS"}
+
+
+def _bounds(metric="run"):
+    return tuple(sorted(float(b) for b in getattr(settings, _BUCKETS[metric])))
 
 
 def _bucket(bounds, seconds):
@@ -115,21 +147,27 @@ def fold_events(*, using=None, now=None):
         return 0
 
 
+# Event columns a fold reads.
+_FIELDS = ("id", "type", "job_id", "attempt", "at", "from_state", "to_state")
+ID, TYPE, JOB, ATTEMPT, AT, FROM, TO = range(len(_FIELDS))
+
+
 def _fold(db, now):
     MetricsCheckpoint.objects.using(db).get_or_create(id=1)
     # The row lock serialises folds on PostgreSQL and MariaDB; SQLite's IMMEDIATE
     # transactions serialise them already. The versioned UPDATE below is the backstop.
+    # Deleting jobs takes this lock too (forget_jobs): a fold never meets a job
+    # deleted between its reading the events and reading their jobs.
     cp = MetricsCheckpoint.objects.using(db).select_for_update().get(id=1)
     last, batch = cp.last_event_id, settings.METRICS_FOLD_BATCH
     gaps = {int(k): v for k, v in (cp.gaps or {}).items()}
-    fields = ("id", "type", "job_id", "attempt", "at")
     rows = []
     if gaps:
         ids = list(gaps)
         for i in range(0, len(ids), _CHUNK):
-            rows += Event.objects.using(db).filter(id__in=ids[i : i + _CHUNK]).values_list(*fields)
+            rows += Event.objects.using(db).filter(id__in=ids[i : i + _CHUNK]).values_list(*_FIELDS)
         for row in rows:
-            gaps.pop(row[0], None)
+            gaps.pop(row[ID], None)
     counts = {}
     if last == 0:
         # First fold on a database with history: count the old part in the database
@@ -140,78 +178,343 @@ def _fold(db, now):
             for type_, n in old.values_list("type").annotate(n=Count("id")).order_by():
                 counts[type_] = counts.get(type_, 0) + n
             last = top - batch
-    new = list(Event.objects.using(db).filter(id__gt=last).order_by("id").values_list(*fields)[:batch])
+    counts_from = cp.counts_from
+    if counts_from is None:
+        counts_from = _recount(db)
+    new = list(Event.objects.using(db).filter(id__gt=last).order_by("id").values_list(*_FIELDS)[:batch])
     if new:
-        seen = {row[0] for row in new}
-        hi = new[-1][0]
+        seen = {row[ID] for row in new}
+        hi = new[-1][ID]
         # Before the first fold, ids below the first one seen are history (pruned or
         # rolled back long ago), not transactions still in flight.
-        low = last + 1 if last else new[0][0]
+        low = last + 1 if last else new[0][ID]
         for missing in range(max(low, hi - batch + 1), hi):
             if missing not in seen:
                 gaps.setdefault(missing, now.timestamp())
         last = hi
     rows += new
     for row in rows:
-        counts[row[1]] = counts.get(row[1], 0) + 1
+        counts[row[TYPE]] = counts.get(row[TYPE], 0) + 1
     horizon = now.timestamp() - settings.METRICS_GAP_SECONDS
     gaps = dict(sorted((k, v) for k, v in gaps.items() if v >= horizon)[-_MAX_GAPS:])
     changed = (
         MetricsCheckpoint.objects.using(db)
         .filter(id=1, last_event_id=cp.last_event_id, folded_at=cp.folded_at)
-        .update(last_event_id=last, gaps={str(k): v for k, v in gaps.items()}, folded_at=now)
+        .update(
+            last_event_id=last,
+            gaps={str(k): v for k, v in gaps.items()},
+            folded_at=now,
+            counts_from=counts_from,
+        )
     )
     if not changed:
         raise _Raced
     for type_, n in counts.items():
         if not EventCount.objects.using(db).filter(type=type_).update(count=F("count") + n):
             EventCount.objects.using(db).create(type=type_, count=n)
-    _fold_durations(db, [row for row in rows if row[1] == EventType.COMPLETED])
+    # Only the events that move a job, or time it, need the job's kind and queue.
+    rows = [
+        row
+        for row in rows
+        if (row[FROM] != row[TO] and row[ID] > counts_from)
+        or row[TYPE] in (EventType.CLAIMED, EventType.COMPLETED)
+    ]
+    jobs = _jobs(db, {row[JOB] for row in rows})
+    _fold_counts(db, [row for row in rows if row[ID] > counts_from], jobs)
+    _fold_histograms(db, rows, jobs)
     return sum(counts.values())
 
 
-def _fold_durations(db, completed):
-    """A completed attempt ran from its claimed event to its completed event."""
-    if not completed:
+def _jobs(db, job_ids):
+    """{job id: (kind, queue, run_at)} of those jobs still there."""
+    ids, out = sorted(job_ids), {}
+    for i in range(0, len(ids), _CHUNK):
+        found = Job.objects.using(db).filter(id__in=ids[i : i + _CHUNK])
+        out.update((r[0], r[1:]) for r in found.values_list("id", "kind", "queue_name", "run_at"))
+    return out
+
+
+def _recount(db):
+    """Write JobCount afresh from the job table; return the newest event id it includes."""
+    JobCount.objects.using(db).all().delete()
+    JobCount.objects.using(db).bulk_create(
+        [JobCount(state=s, kind=k, queue_name=q, count=n) for s, k, q, n in _counted_groups(db)],
+        batch_size=_CHUNK,
+    )
+    return Event.objects.using(db).order_by("-id").values_list("id", flat=True).first() or 0
+
+
+def _fold_counts(db, rows, jobs):
+    """Each event that changed a job's state moves it from one JobCount row to another."""
+    delta = {}
+    for row in rows:
+        job = jobs.get(row[JOB])
+        if row[FROM] == row[TO] or job is None:
+            continue  # an edit, not a move; or a job deleted without forget_jobs
+        kind, queue, _ = job
+        if row[FROM]:
+            delta[(row[FROM], kind, queue)] = delta.get((row[FROM], kind, queue), 0) - 1
+        if row[TO]:
+            delta[(row[TO], kind, queue)] = delta.get((row[TO], kind, queue), 0) + 1
+    _add_counts(db, delta)
+
+
+def _add_counts(db, delta):
+    """Add ``delta`` {(state, kind, queue): n} to JobCount: one read, one update, one insert."""
+    delta = {key: n for key, n in delta.items() if n}
+    if not delta:
         return
-    job_ids = sorted({row[2] for row in completed})
-    started, kinds = {}, {}
+    kinds = {kind for _, kind, _ in delta}
+    rows = {
+        (r.state, r.kind, r.queue_name): r
+        for r in JobCount.objects.using(db).filter(kind__in=kinds, state__in={s for s, _, _ in delta})
+    }
+    changed, created = [], []
+    for key, n in delta.items():
+        row = rows.get(key)
+        if row is None:
+            created.append(JobCount(state=key[0], kind=key[1], queue_name=key[2], count=n))
+        else:
+            row.count += n
+            changed.append(row)
+    JobCount.objects.using(db).bulk_update(changed, ["count"], batch_size=_CHUNK)
+    JobCount.objects.using(db).bulk_create(created, batch_size=_CHUNK)
+
+
+def catch_up(*, using=None, now=None):
+    """Fold every event committed so far (inside the caller's transaction, if any)."""
+    db = _db(using)
+    with transaction.atomic(using=db):
+        while _fold(db, now or timezone.now()) >= settings.METRICS_FOLD_BATCH:
+            pass
+
+
+def forget_jobs(job_ids, *, using=None):
+    """Take jobs out of JobCount: call it in the transaction that deletes them, with
+    their rows locked, before the delete.
+
+    Their events are folded first (a deleted job's events go with it, unfolded ones
+    too); the fold's checkpoint lock stays held until the caller commits, so no fold
+    runs between this and the delete."""
+    db = _db(using)
+    ids = sorted(job_ids)
+    with transaction.atomic(using=db):
+        catch_up(using=db)
+        delta = {}
+        for i in range(0, len(ids), _CHUNK):
+            gone = (
+                Job.objects.using(db)
+                .filter(id__in=ids[i : i + _CHUNK])
+                .order_by()
+                .values_list("state", "kind", "queue_name")
+                .annotate(n=Count("id"))
+            )
+            for state, kind, queue, n in gone:
+                delta[(state, kind, queue)] = delta.get((state, kind, queue), 0) - n
+        _add_counts(db, delta)
+
+
+@dataclass(frozen=True)
+class Drift:
+    state: str
+    kind: str
+    queue: str
+    kept: int  # what JobCount says
+    actual: int  # what the job table says
+
+    def __str__(self):
+        return f"{self.state} {self.kind} {self.queue}: kept {self.kept}, counted {self.actual}"
+
+
+def _actual(db):
+    return {(s, k, q): n for s, k, q, n in _counted_groups(db)}
+
+
+def _kept_groups(db):
+    """[(state, kind, queue, n)] from JobCount: what a scrape reads, a few rows."""
+    rows = JobCount.objects.using(db).values_list("state", "kind", "queue_name", "count")
+    return [row for row in rows if row[3]]
+
+
+def _counted_groups(db):
+    """[(state, kind, queue, n)] counted over the job table (verify; the benchmark's before)."""
+    return list(
+        Job.objects.using(db).order_by().values_list("state", "kind", "queue_name").annotate(n=Count("id"))
+    )
+
+
+def verify(*, using=None, repair=False):
+    """Recount the job table against JobCount; return the rows that differ (with
+    ``repair``, then rewrite JobCount from the recount).
+
+    Exact on a quiet queue; while workers run, a transition committed between the
+    fold and the recount shows as drift that the next verify does not repeat."""
+    db = _db(using)
+    with transaction.atomic(using=db):
+        catch_up(using=db)
+        kept = {
+            (s, k, q): n
+            for s, k, q, n in JobCount.objects.using(db).values_list("state", "kind", "queue_name", "count")
+        }
+        actual = _actual(db)
+        drift = [
+            Drift(*key, kept.get(key, 0), actual.get(key, 0))
+            for key in sorted(set(kept) | set(actual))
+            if kept.get(key, 0) != actual.get(key, 0)
+        ]
+        if repair and drift:
+            MetricsCheckpoint.objects.using(db).filter(id=1).update(counts_from=_recount(db))
+    return drift
+
+
+def _fold_histograms(db, rows, jobs):
+    """Claimed events time the wait (ready to claimed); completed ones the run (claimed
+    to completed, of the same attempt)."""
+    adds = {}
+    wait_bounds, run_bounds = _bounds(HistogramMetric.WAIT), _bounds(HistogramMetric.RUN)
+    for row in rows:
+        job = jobs.get(row[JOB])
+        if row[TYPE] != EventType.CLAIMED or job is None:
+            continue
+        # A run_at after the claim was moved since (a retry, a snooze): that wait is unknown.
+        if job[2] is not None and job[2] <= row[AT]:
+            _observe(adds, HistogramMetric.WAIT, job, (row[AT] - job[2]).total_seconds(), wait_bounds)
+    completed = [row for row in rows if row[TYPE] == EventType.COMPLETED and row[JOB] in jobs]
+    started = {}
+    job_ids = sorted({row[JOB] for row in completed})
     for i in range(0, len(job_ids), _CHUNK):
-        chunk = job_ids[i : i + _CHUNK]
-        claimed = Event.objects.using(db).filter(job_id__in=chunk, type=EventType.CLAIMED)
+        claimed = Event.objects.using(db).filter(job_id__in=job_ids[i : i + _CHUNK], type=EventType.CLAIMED)
         for job_id, attempt, at in claimed.values_list("job_id", "attempt", "at").order_by("id"):
             started[(job_id, attempt)] = at
-        kinds.update(Job.objects.using(db).filter(id__in=chunk).values_list("id", "kind"))
-    bounds = _bounds()
-    known = set(JobDuration.objects.using(db).values_list("kind", flat=True))
-    adds = {}
-    for _, _, job_id, attempt, at in completed:
-        begun, kind = started.get((job_id, attempt)), kinds.get(job_id)
-        if begun is None or kind is None:
-            continue  # pruned meanwhile, or written without a claim
-        if kind not in known and len(known) >= settings.METRICS_MAX_KINDS:
+    for row in completed:
+        begun = started.get((row[JOB], row[ATTEMPT]))
+        if begun is not None:  # else written without a claim
+            seconds = max((row[AT] - begun).total_seconds(), 0.0)
+            _observe(adds, HistogramMetric.RUN, jobs[row[JOB]], seconds, run_bounds)
+    if not adds:
+        return
+    known = {m: set() for m in HistogramMetric.values}
+    for metric, kind, queue in JobHistogram.objects.using(db).values_list("metric", "kind", "queue_name"):
+        known[metric].add((kind, queue))
+    for (metric, kind, queue), (buckets, n, total) in adds.items():
+        kinds = {k for k, _ in known[metric]}
+        queues = {q for _, q in known[metric]}
+        # Labels are capped where they are stored: a histogram per new kind or queue
+        # past the cap goes to _other.
+        if kind not in kinds and len(kinds) >= settings.METRICS_MAX_KINDS:
             kind = OTHER
-        known.add(kind)
-        seconds = max((at - begun).total_seconds(), 0.0)
-        buckets, n, total = adds.setdefault(kind, ([0] * (len(bounds) + 1), [0], [0.0]))
-        buckets[_bucket(bounds, seconds)] += 1
-        n[0] += 1
-        total[0] += seconds
-    for kind, (buckets, n, total) in adds.items():
-        row, _ = JobDuration.objects.using(db).get_or_create(kind=kind)
+        if queue not in queues and len(queues) >= settings.METRICS_MAX_QUEUES:
+            queue = OTHER
+        known[metric].add((kind, queue))
+        row, _ = JobHistogram.objects.using(db).get_or_create(metric=metric, kind=kind, queue_name=queue)
         if len(row.buckets) != len(buckets):
-            # The bucket bounds changed in settings: this kind's histogram restarts.
+            # The bucket bounds changed in settings: this histogram restarts.
             row.buckets, row.count, row.sum = [0] * len(buckets), 0, 0.0
         row.buckets = [a + b for a, b in zip(row.buckets, buckets)]
-        row.count += n[0]
-        row.sum += total[0]
+        row.count += n
+        row.sum += total
         row.save(using=db)
+
+
+def _observe(adds, metric, job, seconds, bounds):
+    kind, queue, _ = job
+    seconds = max(seconds, 0.0)
+    buckets, n, total = adds.get((metric, kind, queue), ([0] * (len(bounds) + 1), 0, 0.0))
+    buckets[_bucket(bounds, seconds)] += 1
+    adds[(metric, kind, queue)] = (buckets, n + 1, total + seconds)
 
 
 def _keep(values, first, limit):
     """The label values to report: ``first`` ones, then the busiest, at most ``limit``."""
     ranked = sorted(values.items(), key=lambda kv: (kv[0] not in first, -kv[1], kv[0]))
     return {name for name, _ in ranked[:limit]}
+
+
+def _histograms(db, metric, bounds, kinds, queues, pairs):
+    """{(kind, queue): (per-bucket counts incl. +Inf, count, sum)} of ``metric``, labels
+    capped to ``kinds`` and ``queues``, with zeros for ``pairs``."""
+    out = {}
+    empty = ([0] * (len(bounds) + 1), 0, 0.0)
+    rows = JobHistogram.objects.using(db).filter(metric=metric)
+    for kind, queue, buckets, count, total in rows.values_list(
+        "kind", "queue_name", "buckets", "count", "sum"
+    ):
+        if len(buckets) != len(bounds) + 1:
+            continue  # bounds changed in settings; the next fold restarts it
+        key = (kind if kind in kinds else OTHER, queue if queue in queues else OTHER)
+        prev = out.get(key, empty)
+        out[key] = ([a + b for a, b in zip(prev[0], buckets)], prev[1] + count, prev[2] + total)
+    for key in pairs:
+        out.setdefault(key, empty)
+    return out
+
+
+def _levels(pending):
+    """The priority levels that have pending jobs: one index seek each (jq_ready_prio)."""
+    levels, qs = [], pending
+    while (level := qs.order_by("priority").values_list("priority", flat=True).first()) is not None:
+        levels.append(level)
+        qs = pending.filter(priority__gt=level)
+    return levels
+
+
+def _pending(db, groups, pauses, now):
+    """The pending jobs per (queue, kind) by status, and the oldest ready job's run_at per
+    queue, without a pass over the pending rows (a backlog of millions is normal).
+
+    JobCount gives the pending jobs; a paused queue's or kind's are all paused. Of the
+    rest, the not-yet-due ones (scheduled, retrying) and the ready ones due within
+    OPS_LATE_SECONDS (not late) are counted by range seeks per priority level on
+    jq_ready_prio (priority, run_at): they cost the jobs not due and the recently due,
+    never the ready backlog. The remainder is ready, and late; the oldest ready job of a
+    queue is one seek per level on jq_ready_queue (queue_name, priority, run_at)."""
+    out = {}
+    for state, kind, queue, n in groups:
+        if state != State.PENDING:
+            continue
+        row = out[(queue, kind)] = dict.fromkeys(reads.PENDING_COUNTS, 0)
+        held = (PauseScope.QUEUE, queue) in pauses or (PauseScope.KIND, kind) in pauses
+        row[PAUSED if held else READY] = n
+        row[LATE] = 0 if held else n
+    rows = Job.objects.using(db).filter(state=State.PENDING).order_by()
+    levels = _levels(rows)
+    if not levels:
+        return out, {}
+    # One statement: a range seek per level over the jobs due after late_before(now).
+    near = rows.filter(priority__in=levels, run_at__gt=late_before(now))
+    counts = near.values_list("queue_name", "kind").annotate(
+        scheduled=Count("id", filter=status_q(SCHEDULED, now)),
+        retrying=Count("id", filter=status_q(RETRYING, now)),
+        recent=Count("id", filter=status_q(READY, now)),
+    )
+    for queue, kind, scheduled, retrying, recent in counts:
+        row = out.setdefault((queue, kind), dict.fromkeys(reads.PENDING_COUNTS, 0))
+        row[SCHEDULED] += scheduled
+        row[RETRYING] += retrying
+        row[READY] -= scheduled + retrying
+        row[LATE] -= scheduled + retrying + recent
+    # One statement too: per queue and level, its oldest ready job (a seek each).
+    ready = sorted({q for (q, _), row in out.items() if row[READY] > 0})
+    paused_kinds = sorted(name for scope, name in pauses if scope == PauseScope.KIND)
+    oldest = engines.of(connections[db]).oldest_ready(ready, levels, now, paused_kinds)
+    for row in out.values():
+        # JobCount was folded a moment before these reads: never below zero.
+        for name in reads.PENDING_COUNTS:
+            row[name] = max(row[name], 0)
+    return out, oldest
+
+
+def _limit_held(db, ready_by_kind, leased_by_kind, now):
+    """Ready jobs of kinds whose concurrency or rate limit is spent right now."""
+    held = 0
+    for row in KindLimit.objects.using(db).filter(kind__in=[k for k, n in ready_by_kind.items() if n]):
+        full = row.concurrency is not None and leased_by_kind.get(row.kind, 0) >= row.concurrency
+        if row.rate_limit is not None and row.window_start is not None:
+            ends = row.window_start + timedelta(seconds=row.rate_period)
+            full = full or (now < ends and row.window_count >= row.rate_limit)
+        if full:
+            held += ready_by_kind[row.kind]
+    return held
 
 
 def snapshot(*, using=None, now=None):
@@ -222,26 +525,29 @@ def snapshot(*, using=None, now=None):
         if time.monotonic() - started > _FOLD_SECONDS:
             break
     now = now or timezone.now()
-    groups = list(
-        Job.objects.using(db).order_by().values_list("state", "kind", "queue_name").annotate(n=Count("id"))
-    )
+    # The maintained counts, never a count over the job table.
+    groups = _kept_groups(db)
     kind_totals, queue_totals = dict.fromkeys(registry.kinds(), 0), {settings.DEFAULT_QUEUE: 0}
     for _, kind, queue, n in groups:
         kind_totals[kind] = kind_totals.get(kind, 0) + n
         queue_totals[queue] = queue_totals.get(queue, 0) + n
-    durations = {d.kind: (d.buckets, d.count, d.sum) for d in JobDuration.objects.using(db).all()}
-    for kind in durations:
+    for kind, queue in JobHistogram.objects.using(db).values_list("kind", "queue_name").distinct():
         kind_totals.setdefault(kind, 0)
+        queue_totals.setdefault(queue, 0)
     crashed = {k.kind: (k.crashes, k.poisoned) for k in KindCrashes.objects.using(db).all()}
     for kind in crashed:
         kind_totals.setdefault(kind, 0)
     kinds = _keep(kind_totals, set(registry.kinds()) | {OTHER}, settings.METRICS_MAX_KINDS)
     queues = _keep(queue_totals, {settings.DEFAULT_QUEUE}, settings.METRICS_MAX_QUEUES)
     jobs = dict.fromkeys(State.values, 0)
-    by_kind, by_queue = {}, {}
+    by_kind, by_queue, leased_by_kind = {}, {}, {}
+    pairs = {(kind, settings.DEFAULT_QUEUE) for kind in registry.kinds()}
     for state, kind, queue, n in groups:
+        if state == State.LEASED:
+            leased_by_kind[kind] = leased_by_kind.get(kind, 0) + n
         kind = kind if kind in kinds else OTHER
         queue = queue if queue in queues else OTHER
+        pairs.add((kind, queue))
         jobs[state] = jobs.get(state, 0) + n
         by_kind[(kind, state)] = by_kind.get((kind, state), 0) + n
         by_queue[(queue, state)] = by_queue.get((queue, state), 0) + n
@@ -257,39 +563,52 @@ def snapshot(*, using=None, now=None):
             by_queue.setdefault((queue, state), 0)
     events = dict.fromkeys(EventType.values, 0)
     events.update(EventCount.objects.using(db).values_list("type", "count"))
-    pending = reads.pending_counts(Job.objects.using(db).all(), now)
-    oldest = pending["oldest"]
+    pauses = set(Pause.objects.using(db).values_list("scope", "name"))
+    pending, oldest_ready = _pending(db, groups, pauses, now)
+    totals = {name: sum(p[name] for p in pending.values()) for name in reads.PENDING_COUNTS}
+    oldest = min(oldest_ready.values(), default=None)
+    paused_queues = {name for scope, name in pauses if scope == PauseScope.QUEUE}
+    oldest_by_queue = {q: 0.0 for q in queues if q != OTHER and q not in paused_queues}
+    for queue, run_at in oldest_ready.items():
+        queue = queue if queue in queues else OTHER
+        waited = max((now - run_at).total_seconds(), 0.0)
+        oldest_by_queue[queue] = max(oldest_by_queue.get(queue, 0.0), waited)
+    ready_by_kind = {}
+    for (_, kind), p in pending.items():
+        ready_by_kind[kind] = ready_by_kind.get(kind, 0) + p[READY]
     by_status = {
-        name: pending[name] if name in PENDING_STATUSES else jobs.get(name, 0) for name in JOB_STATUSES
+        name: totals[name] if name in PENDING_STATUSES else jobs.get(name, 0) for name in JOB_STATUSES
     }
-    bounds = _bounds()
-    folded = {}
-    for kind, (buckets, count, total) in durations.items():
-        if len(buckets) != len(bounds) + 1:
-            continue
-        key = kind if kind in kinds else OTHER
-        prev = folded.get(key, ([0] * (len(bounds) + 1), 0, 0.0))
-        folded[key] = ([a + b for a, b in zip(prev[0], buckets)], prev[1] + count, prev[2] + total)
-    for kind in kinds:
-        folded.setdefault(kind, ([0] * (len(bounds) + 1), 0, 0.0))
     crashes = dict.fromkeys(kinds, (0, 0))
     for kind, (n, poisoned) in crashed.items():
         key = kind if kind in kinds else OTHER
         prev = crashes.get(key, (0, 0))
         crashes[key] = (prev[0] + n, prev[1] + poisoned)
+    held = {
+        "pause": totals[PAUSED],
+        "limit": _limit_held(db, ready_by_kind, leased_by_kind, now),
+        "dependencies": jobs.get(State.WAITING, 0),
+    }
+    run_bounds, wait_bounds = _bounds(HistogramMetric.RUN), _bounds(HistogramMetric.WAIT)
     return Snapshot(
         at=now,
         jobs=jobs,
         jobs_by_status=by_status,
-        late=pending[LATE],
+        late=totals[LATE],
         jobs_by_kind=by_kind,
         jobs_by_queue=by_queue,
         events=events,
         oldest_pending_seconds=max((now - oldest).total_seconds(), 0.0) if oldest else 0.0,
-        bounds=bounds,
-        durations=folded,
+        oldest_ready_by_queue=oldest_by_queue,
+        held=held,
+        bounds=run_bounds,
+        durations=_histograms(db, HistogramMetric.RUN, run_bounds, kinds, queues, pairs),
+        wait_bounds=wait_bounds,
+        waits=_histograms(db, HistogramMetric.WAIT, wait_bounds, kinds, queues, pairs),
         workers={s: n for s, n in reads.worker_counts(using=db, now=now).items() if s in WORKER_STATES},
-        dead_letters=DeadLetter.objects.using(db).unresolved().count(),
+        # Each dead_letter job has one unresolved dead letter (dead-lettering writes it,
+        # requeue resolves it, prune deletes both): the kept count, not a count of rows.
+        dead_letters=jobs.get(State.DEAD_LETTER, 0),
         db_reconnects=Worker.objects.using(db).aggregate(n=Sum("db_reconnects"))["n"] or 0,
         crashes=crashes,
     )
@@ -338,16 +657,36 @@ def families(snap):
         "Seconds the oldest ready job (due, not paused) has waited since its run_at; 0 when none.",
         value=snap.oldest_pending_seconds,
     )
-    f = HistogramMetricFamily(
-        "jobqueue_job_duration_seconds", "Run time of completed attempts, by kind.", labels=["kind"]
+    f = GaugeMetricFamily(
+        "jobqueue_oldest_ready_seconds",
+        "Seconds the oldest ready job of each queue has waited since its run_at (paused queues"
+        " left out; 0 when none is ready).",
+        labels=["queue"],
     )
-    for kind, (buckets, _count, total) in sorted(snap.durations.items()):
-        cumulative, acc = [], 0
-        for le, n in zip([*map(_le, snap.bounds), "+Inf"], buckets):
-            acc += n
-            cumulative.append((le, acc))
-        f.add_metric([kind], cumulative, sum_value=total)
+    for queue, seconds in sorted(snap.oldest_ready_by_queue.items()):
+        f.add_metric([queue], seconds)
     yield f
+    f = GaugeMetricFamily(
+        "jobqueue_held_jobs",
+        "Jobs held back: pending in a paused queue or kind (pause), ready but their kind's"
+        " concurrency or rate limit is spent (limit), waiting on dependencies (dependencies).",
+        labels=["reason"],
+    )
+    for reason, n in snap.held.items():
+        f.add_metric([reason], n)
+    yield f
+    yield _histogram(
+        "jobqueue_job_duration_seconds",
+        "Run time of completed attempts (claimed to completed), by kind and queue.",
+        snap.bounds,
+        snap.durations,
+    )
+    yield _histogram(
+        "jobqueue_job_wait_seconds",
+        "Wait of claimed jobs from ready (run_at) to claimed, by kind and queue.",
+        snap.wait_bounds,
+        snap.waits,
+    )
     f = GaugeMetricFamily(
         "jobqueue_workers",
         "Registered workers by status (lost: not stopped, silent for longer than LEASE_SECONDS).",
@@ -378,6 +717,17 @@ def families(snap):
         " reconnect), summed over the registered workers.",
         value=snap.db_reconnects,
     )
+
+
+def _histogram(name, doc, bounds, values):
+    f = HistogramMetricFamily(name, doc, labels=["kind", "queue"])
+    for (kind, queue), (buckets, _count, total) in sorted(values.items()):
+        cumulative, acc = [], 0
+        for le, n in zip([*map(_le, bounds), "+Inf"], buckets):
+            acc += n
+            cumulative.append((le, acc))
+        f.add_metric([kind, queue], cumulative, sum_value=total)
+    return f
 
 
 def _le(bound):

@@ -10,7 +10,7 @@ from django.db import connection
 from django.utils import timezone
 
 from queue_app import engines
-from queue_app.models import Event, EventType
+from queue_app.models import Event, EventType, Job
 from queue_app.ops import doctor
 from tests.factories import JobFactory, WorkerFactory
 
@@ -120,7 +120,83 @@ def test_doctor_finds_old_completed_events_that_nothing_prunes(settings):
     job = JobFactory(state="completed", finished_at=timezone.now() - timedelta(days=9))
     Event.objects.create(job=job, type=EventType.COMPLETED, at=timezone.now() - timedelta(days=9))
     (line,) = planted()
-    assert line == (
-        "completed jobs' events go back 9 days, past DOCTOR_PRUNE_DAYS (7): nothing prunes them; "
-        "run manage.py prune --older-than 7d daily (cron or a schedule)"
+    assert line.startswith(
+        "completed jobs' events go back 9 days, past DOCTOR_PRUNE_DAYS (7), in an event table of about "
     )
+    assert line.endswith(
+        " rows: nothing prunes them; run manage.py prune --older-than 7d daily (cron or a schedule)"
+    )
+
+
+def test_doctor_finds_the_claim_and_dashboard_queries_on_their_indexes(settings):
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "DOCTOR_EXPLAIN_MIN_ROWS": 0}
+    if connection.vendor == "mysql":
+        pytest.skip("MariaDB's optimizer reads a table of a few rows whole, index or not")
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SET LOCAL enable_seqscan = off")  # as on a large table; rolled back
+    assert planted() == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_doctor_finds_the_claim_planned_without_its_index(settings):
+    from queue_app.engines import schema
+
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "DOCTOR_EXPLAIN_MIN_ROWS": 0}
+    vendor = connection.vendor
+    with connection.cursor() as cursor:
+        if vendor == "postgresql":
+            cursor.execute("SET enable_seqscan = off")
+        cursor.execute("DROP INDEX jq_ready_prio" + (" ON queue_app_job" if vendor == "mysql" else ""))
+    try:
+        found = [line for line in doctor.findings() if "planned without" in line]
+    finally:
+        cols = dict(schema.CLAIM_INDEXES_PREFIXED if vendor == "mysql" else schema.CLAIM_INDEXES_PARTIAL)
+        with connection.cursor() as cursor:
+            cursor.execute(f"CREATE INDEX jq_ready_prio ON queue_app_job {cols['jq_ready_prio']}")
+            if vendor == "postgresql":
+                cursor.execute("RESET enable_seqscan")
+    assert len(found) == 1
+    assert found[0].startswith(
+        "the claim's seek per priority level is planned without its index jq_ready_prio"
+    )
+    assert "ANALYZE queue_app_job" in found[0] and "manage.py migrate" in found[0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_doctor_finds_sqlite_not_in_wal_mode():
+    if connection.vendor != "sqlite":
+        pytest.skip("journal mode is SQLite's")
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA journal_mode=DELETE")
+    try:
+        found = doctor.findings()
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("PRAGMA journal_mode=WAL")
+    assert found == [
+        'SQLite journal_mode is delete, not wal: add "PRAGMA journal_mode=WAL;" to OPTIONS["init_command"]'
+        " (the example settings do)"
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_doctor_finds_a_job_table_mostly_dead_rows(monkeypatch):
+    if connection.vendor != "postgresql":
+        pytest.skip("dead tuples are PostgreSQL's")
+    from queue_app.engines.postgresql import PostgresEngine
+
+    # A few rows stand in for the ten thousand the check waits for.
+    monkeypatch.setattr(PostgresEngine, "DEAD_MIN", 5)
+    JobFactory.create_batch(10)
+    Job.objects.all().delete()  # committed (autocommit): 10 dead rows, none live
+    with connection.cursor() as cursor:
+        # The statistics reach pg_stat_user_tables when this backend flushes them.
+        cursor.execute("SELECT pg_stat_force_next_flush()")
+    found = doctor.findings()
+    assert any(
+        line.startswith("queue_app_job is ")
+        and "% dead rows (" in line
+        and line.endswith("VACUUM (ANALYZE) queue_app_job, and lower its autovacuum_vacuum_scale_factor")
+        for line in found
+    ), found

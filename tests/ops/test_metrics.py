@@ -7,7 +7,16 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from queue_app import enqueue
 from queue_app.core import transitions
-from queue_app.models import JOB_STATUSES, Event, EventType, MetricsCheckpoint, State, Worker, WorkerState
+from queue_app.models import (
+    JOB_STATUSES,
+    Event,
+    EventType,
+    Job,
+    MetricsCheckpoint,
+    State,
+    Worker,
+    WorkerState,
+)
 from queue_app.ops import metrics
 from tests.factories import DeadLetterFactory, EventFactory, JobFactory, WorkerFactory
 
@@ -21,7 +30,10 @@ FAMILIES = [
     "jobqueue_jobs_by_queue",
     "jobqueue_events",
     "jobqueue_oldest_pending_seconds",
+    "jobqueue_oldest_ready_seconds",
+    "jobqueue_held_jobs",
     "jobqueue_job_duration_seconds",
+    "jobqueue_job_wait_seconds",
     "jobqueue_workers",
     "jobqueue_dead_letters",
     "jobqueue_job_crashes",
@@ -253,3 +265,60 @@ def test_the_standalone_server_still_answers_while_a_client_holds_a_connection_i
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_run_and_wait_histograms_are_per_kind_and_queue_with_bounds_from_settings(settings):
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "METRICS_WAIT_BUCKETS": (1.0, 100.0)}
+    enqueue("echo", {}, queue_name="mail")
+    Job.objects.update(run_at=timezone.now() - timedelta(seconds=30))  # ready for 30 s
+    [job] = transitions.claim("w1")
+    transitions.complete(job.id, worker_id="w1", attempt=job.attempts)
+    fams = scrape()
+    wait = "jobqueue_job_wait_seconds"
+    assert value(fams, wait, f"{wait}_count", kind="echo", queue="mail") == 1
+    assert value(fams, wait, f"{wait}_bucket", kind="echo", queue="mail", le="1.0") == 0
+    assert value(fams, wait, f"{wait}_bucket", kind="echo", queue="mail", le="100.0") == 1
+    assert 30 <= value(fams, wait, f"{wait}_sum", kind="echo", queue="mail") < 90
+    assert {s.labels["le"] for s in fams[wait].samples if s.name.endswith("_bucket")} == {
+        "1.0",
+        "100.0",
+        "+Inf",
+    }
+    run = "jobqueue_job_duration_seconds"
+    assert value(fams, run, f"{run}_count", kind="echo", queue="mail") == 1
+    assert value(fams, run, f"{run}_count", kind="echo", queue="default") == 0
+
+
+def test_oldest_ready_job_per_queue_leaves_paused_queues_out():
+    from queue_app.core import flow
+
+    JobFactory(queue_name="mail", run_at=timezone.now() - timedelta(seconds=300))
+    JobFactory(queue_name="reports", run_at=timezone.now() - timedelta(seconds=60))
+    JobFactory(queue_name="reports", scheduled=True)
+    JobFactory(queue_name="held", run_at=timezone.now() - timedelta(seconds=900))
+    flow.pause(queue="held")
+    JobFactory(queue_name="mail", kind="add", run_at=timezone.now() - timedelta(seconds=2000))
+    flow.pause(kind="add")  # held, not waiting: not mail's oldest
+    fams = scrape()
+    assert 300 <= value(fams, "jobqueue_oldest_ready_seconds", queue="mail") < 360
+    assert 60 <= value(fams, "jobqueue_oldest_ready_seconds", queue="reports") < 120
+    assert value(fams, "jobqueue_oldest_ready_seconds", queue="default") == 0
+    assert "held" not in {s.labels["queue"] for s in fams["jobqueue_oldest_ready_seconds"].samples}
+
+
+def test_jobs_held_by_pauses_limits_and_dependencies_are_their_own_series():
+    from queue_app.core import flow
+
+    JobFactory.create_batch(2, queue_name="held")
+    flow.pause(queue="held")
+    JobFactory(kind="add", leased=True)
+    JobFactory.create_batch(3, kind="add")
+    flow.set_limit("add", concurrency=1)
+    upstream = enqueue("echo", {})
+    enqueue("echo", {}, depends_on=[upstream.id])
+    fams = scrape()
+    assert value(fams, "jobqueue_held_jobs", reason="pause") == 2
+    assert value(fams, "jobqueue_held_jobs", reason="limit") == 3
+    assert value(fams, "jobqueue_held_jobs", reason="dependencies") == 1
+    flow.set_limit("add", concurrency=2)
+    assert value(scrape(), "jobqueue_held_jobs", reason="limit") == 0

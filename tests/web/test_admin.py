@@ -380,3 +380,19 @@ def test_a_holder_of_the_shell_permission_may_requeue_a_shell_job(client):
     act(client, "requeue", [shell.id])
 
     assert Job.objects.get(id=shell.id).state == State.PENDING
+
+
+def test_the_delete_page_of_a_job_deletes_through_the_one_delete_and_keeps_the_counts(operator):
+    from queue_app import enqueue
+    from queue_app.ops import metrics
+
+    # A job with history is refused there (events are append-only in the admin).
+    logged = enqueue("echo", {})
+    url = reverse("admin:queue_app_job_delete", args=[logged.id])
+    assert operator.post(url, {"post": "yes"}).status_code == 403
+    job = JobFactory()  # no events: the page may delete it
+    metrics.catch_up()  # counted: a delete that bypassed forget_jobs would leave it there
+    url = reverse("admin:queue_app_job_delete", args=[job.id])
+    assert operator.post(url, {"post": "yes"}, follow=True).status_code == 200
+    assert not Job.objects.filter(id=job.id).exists()
+    assert metrics.verify() == []
