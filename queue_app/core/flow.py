@@ -73,6 +73,7 @@ period-long span; the count over whole windows is exact.
 """
 
 import random
+from collections import Counter
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -181,6 +182,7 @@ def set_limit(
     per_key=_UNSET,
     rate_limit=_UNSET,
     rate_period=_UNSET,
+    fair=_UNSET,
     from_settings=False,
     using="default",
 ):
@@ -195,12 +197,22 @@ def set_limit(
         changes["rate_limit"] = _positive_int(rate_limit, "rate_limit")
     if rate_period is not _UNSET:
         changes["rate_period"] = validation.seconds(rate_period, "rate_period", maximum=366 * 86400)
+    if fair is not _UNSET:
+        if not isinstance(fair, bool):
+            raise InvalidJob(f"fair must be true or false, got {fair!r}", "fair")
+        changes["fair"] = fair
     with transaction.atomic(using=using):
         limit, _ = (
             KindLimit.objects.using(using).select_for_update().get_or_create(kind=kind, defaults=changes)
         )
         for field, value in changes.items():
             setattr(limit, field, value)
+        if limit.fair and limit.per_key is not None:
+            raise InvalidJob(
+                "fair and per_key do not combine: per_key already leases keys in rounds "
+                "(per_key 1 is one job per key at a time); clear one of them",
+                "fair",
+            )
         limit.save(using=using)
     return limit
 
@@ -219,7 +231,7 @@ def sync_limits(using="default"):
     """
     configured = settings.LIMITS or {}
     for kind, spec in configured.items():
-        unknown = set(spec) - {"concurrency", "per_key", "rate_limit", "rate_period"}
+        unknown = set(spec) - {"concurrency", "per_key", "rate_limit", "rate_period", "fair"}
         if unknown:
             raise InvalidJob(f"LIMITS[{kind!r}]: unknown key(s) {sorted(unknown)}", "LIMITS")
         set_limit(
@@ -228,6 +240,7 @@ def sync_limits(using="default"):
             per_key=spec.get("per_key"),
             rate_limit=spec.get("rate_limit"),
             rate_period=spec.get("rate_period", 60.0),
+            fair=spec.get("fair", False),
             from_settings=True,
             using=using,
         )
@@ -240,7 +253,10 @@ def active_limits(using="default"):
     return {
         limit.kind: limit
         for limit in KindLimit.objects.using(using).all()
-        if limit.concurrency is not None or limit.rate_limit is not None or limit.per_key is not None
+        if limit.concurrency is not None
+        or limit.rate_limit is not None
+        or limit.per_key is not None
+        or limit.fair
     }
 
 
@@ -301,6 +317,55 @@ def lease_within(row, free, lease, *, using="default"):
         held.update(job.concurrency_key for job in got if job.concurrency_key is not None)
         if len(got) < want:
             break  # nothing more is claimable now
+    return jobs
+
+
+def fair_tenants(row, n, *, using="default"):
+    """The next ``n`` (at most) tenants of ``row``'s fair kind, in the order a fair claim
+    serves them: the cycle (keyless jobs, then the keys in order) resumed just after
+    ``row.fair_after`` and wrapped around. Tenants are the keys of pending jobs, read
+    by a loose index scan (Engine.fair_keys): as many seeks as tenants returned."""
+    engine = engines.of(connections[using])
+    keyless = engine.fair_keyless(row.kind)
+    after = row.fair_after
+    if after is None:
+        tenants = [None] if keyless else []
+        return tenants + engine.fair_keys(row.kind, n - len(tenants))
+    tenants = engine.fair_keys(row.kind, n, after=after or None)
+    if len(tenants) < n and keyless:
+        tenants.append(None)
+    if after and len(tenants) < n:
+        tenants += engine.fair_keys(row.kind, n - len(tenants), upto=after)
+    return tenants[:n]
+
+
+def lease_fair(row, free, lease, *, using="default"):
+    """Lease up to ``free`` jobs of ``row``'s fair kind with ``lease(tenants, n)``
+    round-robin over its tenants, and move the kind's place in the cycle to the last
+    tenant served; return the jobs.
+
+    Runs under the reserve() lock, so one claim at a time moves the place, cluster-wide."""
+    tenants = fair_tenants(row, free, using=using)
+    jobs, asked = [], tenants
+    while asked and len(jobs) < free:
+        got = lease(asked, free - len(jobs))
+        if not got:
+            break
+        jobs += got
+        # A claim seeks only each tenant's share of the batch (Engine.fair_scan): when
+        # some ran out, the rest of the batch goes on in rounds among those that may
+        # have more, the ones that gave the most.
+        per_tenant = Counter(job.concurrency_key for job in got)
+        most = max(per_tenant.values())
+        asked = [t for t in asked if per_tenant[t] == most]
+    if jobs:
+        # The last job in lease order is in the last round (the most jobs any tenant
+        # got), from the last of the tenants that got that many.
+        got = Counter(job.concurrency_key for job in jobs)
+        rounds = max(got.values())
+        last = [t for t in tenants if got[t] == rounds][-1]
+        row.fair_after = "" if last is None else last
+        KindLimit.objects.using(using).filter(kind=row.kind).update(fair_after=row.fair_after)
     return jobs
 
 
