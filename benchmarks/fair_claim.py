@@ -15,15 +15,14 @@ import argparse
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import claim  # noqa: E402  (sets up Django, as claim.py is run)
-from django.db import connection  # noqa: E402
+import claim
+from django.db import connection
 
-from queue_app.core import flow  # noqa: E402
+from queue_app.core import flow
 
 
 def spread(tenants):
