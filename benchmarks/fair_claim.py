@@ -19,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+# claim.py sets Django up (as when it is run) and has the seed and the timed claim.
 import claim
 from django.db import connection
 

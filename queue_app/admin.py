@@ -585,7 +585,7 @@ class PauseAdmin(QueueModelAdmin):
 class KindLimitForm(_ValidatedForm):
     class Meta:
         model = KindLimit
-        fields = ["kind", "concurrency", "per_key", "rate_limit", "rate_period"]
+        fields = ["kind", "concurrency", "per_key", "rate_limit", "rate_period", "fair"]
 
     def clean(self):
         data = super().clean()
@@ -595,6 +595,10 @@ class KindLimitForm(_ValidatedForm):
             raise forms.ValidationError("a limit of 0 would stop the kind for good: pause it instead")
         if data.get("rate_period") is not None:
             self._check(validation.seconds, data["rate_period"], "rate_period", maximum=366 * 86400)
+        if data.get("fair") and data.get("per_key") is not None:
+            raise forms.ValidationError(
+                "fair and per_key do not combine: per_key already leases keys in rounds; clear one of them"
+            )
         return data
 
 
@@ -608,6 +612,7 @@ class KindLimitAdmin(QueueModelAdmin):
         "per_key",
         "rate_limit",
         "rate_period",
+        "fair",
         "from_settings",
         "updated_at",
     ]

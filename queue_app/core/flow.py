@@ -66,6 +66,31 @@ kind costs as many statements as it leases jobs. The grouped count reads the kin
 leased rows through the ``(state, kind, queue_name)`` index: no more than the kind has
 running, so ``concurrency_key`` needs no index of its own.
 
+Fair share ("one tenant's burst must not starve the others", as Oban Pro's and
+BullMQ Pro's group rotation offer). A ``KindLimit`` row with ``fair`` makes its kind's
+concurrency keys tenants that take turns; jobs without a key are one more tenant. It is
+claimed in the same short transaction under the same row lock as a limited kind (the
+free slots from reserve() are the batch), with its own statement (Engine.claim_fair,
+the same SET, claimed events and SKIP LOCKED as every claim). What one claim guarantees:
+
+* rounds: round 1 is each tenant's best ready job, round 2 each one's second best, and
+  so on, each tenant's jobs in the usual lease order (priority, aging, run_at,
+  created_at, id); the batch is the first ``free`` jobs of (round, turn);
+* turns: the cycle is the keyless tenant, then the keys in ascending order, resumed just
+  after ``fair_after``, the tenant the previous claim of the kind served last (written
+  under the row lock, so one cycle for every worker and host);
+* hence a tenant with a ready job is leased within ceil(T / batch) claims of its kind,
+  T the kind's tenants with pending jobs, whatever the other tenants' backlogs; with
+  T <= batch, in every batch.
+
+Not promised: an order across tenants by priority (that is what fair gives up), and
+weights. The tenants are the keys of *pending* jobs (a loose index scan of
+jq_ready_tenant, fair_tenants()), so a tenant whose jobs are all scheduled, or in queues
+this worker does not serve, takes its turn and gives nothing. A claim reads at most
+``free`` tenants and seeks each tenant's share of the batch per priority level; when
+some tenants run out, the rounds go on among the others (lease_fair()). ``per_key`` and
+``fair`` do not combine (per_key already leases keys in rounds): set_limit refuses it.
+
 The rate limit is a fixed window per kind: the row holds the window's start and its
 starts so far; a claim after ``window_start + rate_period`` opens a new window. Like
 every fixed window it can admit up to twice the rate across a window boundary over a

@@ -2,8 +2,10 @@
 leased round-robin, one job per tenant per round, resuming where the last claim stopped."""
 
 from datetime import timedelta
+from io import StringIO
 
 import pytest
+from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from queue_app import bulk_enqueue, enqueue
@@ -118,3 +120,14 @@ def test_the_fair_setting_reaches_the_limit_row(settings):
     flow.sync_limits()
     assert KindLimit.objects.get(kind="echo").fair is True
     assert "echo" in flow.active_limits()
+
+
+def test_manage_py_limits_turns_fair_on_and_off_and_lists_it():
+    out = StringIO()
+    call_command("limits", "report", "--fair", "on", stdout=out)
+    assert KindLimit.objects.get(kind="report").fair is True
+    assert "fair (round-robin by key)" in out.getvalue()
+    call_command("limits", "report", "--fair", "off", stdout=StringIO())
+    assert KindLimit.objects.get(kind="report").fair is False
+    with pytest.raises(CommandError):
+        call_command("limits", "report", "--fair", "maybe", stdout=StringIO(), stderr=StringIO())
