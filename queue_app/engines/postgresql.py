@@ -262,7 +262,10 @@ class PostgresEngine(Engine):
         seek = (
             f"(SELECT j.id, j.priority, j.run_at, j.created_at FROM {TABLE} j"
             " WHERE {tenant} AND j.state = 'pending' AND j.kind = %s AND j.priority = l.p"
-            f" AND j.run_at <= %s{cond} ORDER BY j.run_at, j.created_at, j.id LIMIT %s)"
+            # The whole index order, constants too: PostgreSQL does not count ``IS NULL``
+            # as an equality that fixes the order, and would sort the keyless backlog.
+            f" AND j.run_at <= %s{cond}"
+            " ORDER BY j.kind, j.concurrency_key, j.priority, j.run_at, j.created_at, j.id LIMIT %s)"
         )
         seek_params = [kind, now, *cond_params, self.fair_scan(limit, len(tenants))]
         keyed = seek.format(tenant="t.key IS NOT NULL AND j.concurrency_key = t.key")

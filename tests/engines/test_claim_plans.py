@@ -152,4 +152,8 @@ def test_a_fair_claim_seeks_the_tenant_index_and_never_scans_the_job_table():
         plans = _plans(captured)
         transaction.set_rollback(True)
     assert any("concurrency_key" in sql and "ORDER BY" in sql for sql, _ in captured), "no fair seek captured"
+    assert None in {j.concurrency_key for j in jobs}  # the keyless tenant's seek ran too
     _assert_seeks(plans, "jq_ready_tenant")
+    # Each tenant's seek reads the index in order: a sort under it would read the
+    # tenant's whole level (PostgreSQL sorts the keyless one unless told the full order).
+    assert not re.search(r"Sort Key: j_\d+\.run_at", "\n".join(plans)), "\n".join(plans)
