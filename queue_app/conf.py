@@ -196,8 +196,9 @@ DEFAULTS = {
     "DASHBOARD_PAGE_SIZE": 50,
     "DASHBOARD_REFRESH_SECONDS": 5,
     # Flow control (flow.py): kind -> {"concurrency": N, "per_key": N, "rate_limit": N,
-    # "rate_period": s, "fair": bool}; per_key caps leased jobs per Job.concurrency_key;
-    # fair leases the concurrency keys (tenants) round-robin (flow.py, Fair share).
+    # "rate_period": s, "fair": bool, "fair_weights": {key: N}}; per_key caps leased
+    # jobs per Job.concurrency_key; fair leases the concurrency keys (tenants)
+    # round-robin, N jobs a round for a weighted key (flow.py, Fair share).
     # Copied into the KindLimit table when a worker starts or `manage.py limits --sync`
     # runs; edit them at runtime in the admin or with `manage.py limits`.
     "LIMITS": {},

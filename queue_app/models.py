@@ -759,6 +759,11 @@ class KindLimit(models.Model):
     # without a key, then the keys in order); "", just after the keyless jobs; a key,
     # just after that key. Keys are never empty (validation.concurrency_key).
     fair_after = models.CharField(max_length=CONCURRENCY_KEY_MAX_LENGTH, null=True, blank=True)
+    fair_weights = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='Fair share: {"key": N} leases N of that key\'s jobs per round; others 1.',
+    )
     from_settings = models.BooleanField(default=False)
     updated_at = models.DateTimeField(default=timezone.now)
 

@@ -73,9 +73,10 @@ claimed in the same short transaction under the same row lock as a limited kind 
 free slots from reserve() are the batch), with its own statement (Engine.claim_fair,
 the same SET, claimed events and SKIP LOCKED as every claim). What one claim guarantees:
 
-* rounds: round 1 is each tenant's best ready job, round 2 each one's second best, and
-  so on, each tenant's jobs in the usual lease order (priority, aging, run_at,
-  created_at, id); the batch is the first ``free`` jobs of (round, turn);
+* rounds: round 1 is each tenant's best ready job (its best N with a weight N in
+  ``fair_weights``; a key not named there, and the keyless tenant, weigh 1), round 2
+  the next ones, and so on, each tenant's jobs in the usual lease order (priority,
+  aging, run_at, created_at, id); the batch is the first ``free`` jobs of (round, turn);
 * turns: the cycle is the keyless tenant, then the keys in ascending order, resumed just
   after ``fair_after``, the tenant the previous claim of the kind served last (written
   under the row lock, so one cycle for every worker and host);
@@ -83,8 +84,7 @@ the same SET, claimed events and SKIP LOCKED as every claim). What one claim gua
   T the kind's tenants with pending jobs, whatever the other tenants' backlogs; with
   T <= batch, in every batch.
 
-Not promised: an order across tenants by priority (that is what fair gives up), and
-weights. The tenants are the keys of *pending* jobs (a loose index scan of
+Not promised: an order across tenants by priority (that is what fair gives up). The tenants are the keys of *pending* jobs (a loose index scan of
 jq_ready_tenant, fair_tenants()), so a tenant whose jobs are all scheduled, or in queues
 this worker does not serve, takes its turn and gives nothing. A claim reads at most
 ``free`` tenants and seeks each tenant's share of the batch per priority level; when
@@ -208,6 +208,7 @@ def set_limit(
     rate_limit=_UNSET,
     rate_period=_UNSET,
     fair=_UNSET,
+    fair_weights=_UNSET,
     from_settings=False,
     using="default",
 ):
@@ -226,6 +227,8 @@ def set_limit(
         if not isinstance(fair, bool):
             raise InvalidJob(f"fair must be true or false, got {fair!r}", "fair")
         changes["fair"] = fair
+    if fair_weights is not _UNSET:
+        changes["fair_weights"] = weights(fair_weights)
     with transaction.atomic(using=using):
         limit, _ = (
             KindLimit.objects.using(using).select_for_update().get_or_create(kind=kind, defaults=changes)
@@ -242,6 +245,21 @@ def set_limit(
     return limit
 
 
+def weights(value):
+    """A fair kind's weights, {concurrency key: jobs per round}, checked; None is {}."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidJob(f'fair_weights must be an object like {{"key": 3}}, got {value!r}', "fair_weights")
+    for key, weight in value.items():
+        validation.concurrency_key(key)
+        if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= 1000:
+            raise InvalidJob(
+                f"fair_weights[{key!r}] must be an integer from 1 to 1000, got {weight!r}", "fair_weights"
+            )
+    return dict(value)
+
+
 def clear_limit(kind, *, using="default"):
     """Remove a kind's limits; return True if it had any."""
     deleted, _ = KindLimit.objects.using(using).filter(kind=kind).delete()
@@ -256,7 +274,7 @@ def sync_limits(using="default"):
     """
     configured = settings.LIMITS or {}
     for kind, spec in configured.items():
-        unknown = set(spec) - {"concurrency", "per_key", "rate_limit", "rate_period", "fair"}
+        unknown = set(spec) - {"concurrency", "per_key", "rate_limit", "rate_period", "fair", "fair_weights"}
         if unknown:
             raise InvalidJob(f"LIMITS[{kind!r}]: unknown key(s) {sorted(unknown)}", "LIMITS")
         set_limit(
@@ -266,6 +284,7 @@ def sync_limits(using="default"):
             rate_limit=spec.get("rate_limit"),
             rate_period=spec.get("rate_period", 60.0),
             fair=spec.get("fair", False),
+            fair_weights=spec.get("fair_weights", {}),
             from_settings=True,
             using=using,
         )
@@ -365,30 +384,35 @@ def fair_tenants(row, n, *, using="default"):
 
 
 def lease_fair(row, free, lease, *, using="default"):
-    """Lease up to ``free`` jobs of ``row``'s fair kind with ``lease(tenants, n)``
+    """Lease up to ``free`` jobs of ``row``'s fair kind with ``lease(tenants, weights, n)``
     round-robin over its tenants, and move the kind's place in the cycle to the last
     tenant served; return the jobs.
 
     Runs under the reserve() lock, so one claim at a time moves the place, cluster-wide."""
     tenants = fair_tenants(row, free, using=using)
+    weight = {key: row.fair_weights.get(key, 1) if key is not None else 1 for key in tenants}
+
+    def rounds(counts, tenant):
+        return -(-counts[tenant] // weight[tenant])  # the rounds this tenant's jobs took
+
     jobs, asked = [], tenants
     while asked and len(jobs) < free:
-        got = lease(asked, free - len(jobs))
+        got = lease(asked, [weight[t] for t in asked], free - len(jobs))
         if not got:
             break
         jobs += got
         # A claim seeks only each tenant's share of the batch (Engine.fair_scan): when
         # some ran out, the rest of the batch goes on in rounds among those that may
-        # have more, the ones that gave the most.
+        # have more, the ones that filled the most rounds.
         per_tenant = Counter(job.concurrency_key for job in got)
-        most = max(per_tenant.values())
-        asked = [t for t in asked if per_tenant[t] == most]
+        most = max(rounds(per_tenant, t) for t in asked)
+        asked = [t for t in asked if rounds(per_tenant, t) == most]
     if jobs:
-        # The last job in lease order is in the last round (the most jobs any tenant
-        # got), from the last of the tenants that got that many.
+        # The last job in lease order is in the last round, from the last of the
+        # tenants that had a job in it.
         got = Counter(job.concurrency_key for job in jobs)
-        rounds = max(got.values())
-        last = [t for t in tenants if got[t] == rounds][-1]
+        last_round = max(rounds(got, t) for t in tenants)
+        last = [t for t in tenants if rounds(got, t) == last_round][-1]
         row.fair_after = "" if last is None else last
         KindLimit.objects.using(using).filter(kind=row.kind).update(fair_after=row.fair_after)
     return jobs

@@ -625,11 +625,12 @@ def claim(
         found = claim_one(limit=n, exclude_queues=pauses.queues, **filters)
         return rows.JobReader.on(connection).jobs(found) if found else []
 
-    def lease_fair(kind, tenants, n):
+    def lease_fair(kind, tenants, weights, n):
         found = engine.claim_fair(
             owner=worker_id,
             kind=kind,
             tenants=tenants,
+            weights=weights,
             limit=n,
             now=now,
             expires=expires,

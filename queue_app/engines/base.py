@@ -218,6 +218,7 @@ class Engine:
         tenants,
         limit,
         now,
+        weights=None,
         expires,
         event,
         queues=None,
@@ -228,9 +229,10 @@ class Engine:
         of concurrency keys, None for the jobs without one, in the order they are served)
         and write ``event`` for each, as claim() does (the same SET, events and locks).
 
-        Round r takes the r-th job of each tenant in turn, each tenant's jobs in lease
-        order (leasing.py, per tenant): the order is (r, the tenant's place in
-        ``tenants``), and the first ``limit`` of it are leased. Each tenant's candidates
+        Round r takes the r-th ``weights[i]`` jobs (default 1) of each tenant ``i`` in
+        turn, each tenant's jobs in lease order (leasing.py, per tenant): the order is
+        (r, the tenant's place in ``tenants``, the job's place in the tenant), and the
+        first ``limit`` of it are leased. Each tenant's candidates
         are per-level seeks on jq_ready_tenant, so the cost grows with ``tenants`` and
         ``limit``, not with the tenants' backlogs."""
         raise NotImplementedError
@@ -239,8 +241,8 @@ class Engine:
     # of the batch, and a few over for rows another claimer holds (fair claims of one
     # kind take turns on its limit row, so those are rare: another path's leftovers).
     @staticmethod
-    def fair_scan(limit, tenants):
-        return -(-limit // max(1, tenants)) + 2
+    def fair_scan(limit, weights):
+        return min(limit, -(-limit // max(1, len(weights))) * max(weights, default=1) + 2)
 
     # After FROM in the tenant walk: a vendor's index hint.
     FAIR_HINT = ""

@@ -209,6 +209,7 @@ class MariadbEngine(Engine):
         tenants,
         limit,
         now,
+        weights=None,
         expires,
         event,
         queues=None,
@@ -218,7 +219,7 @@ class MariadbEngine(Engine):
         # As claim(): the levels first, then a short transaction. One UNION of seeks of
         # jq_ready_tenant, per tenant and level, each row tagged with its tenant's turn;
         # the candidates numbered per tenant in lease order (ordering.py's key) in Python,
-        # ordered by (round, turn), and the first ``limit`` locked FOR UPDATE SKIP LOCKED
+        # ordered by (round, turn, number), the round being number // weight, and the first ``limit`` locked FOR UPDATE SKIP LOCKED
         # (topped up from the next ones) and leased by primary key.
         levels = self._levels(False)
         if not levels:
@@ -226,7 +227,8 @@ class MariadbEngine(Engine):
         connection = self.connection
         now_db = connection.ops.adapt_datetimefield_value(now)
         naive_now = timezone.make_naive(now, connection.timezone)
-        scan = self.fair_scan(limit, len(tenants))
+        weights = list(weights or [1] * len(tenants))
+        scan = self.fair_scan(limit, weights)
         cond, cond_params = "", []
         if queues:
             cond += f" AND queue_name IN ({marks(queues)})"
@@ -256,11 +258,11 @@ class MariadbEngine(Engine):
             for turn, *row in cursor.fetchall():
                 per_tenant.setdefault(turn, []).append(row)
             ranked = sorted(
-                (rnd, turn, row[0])
+                (n // weights[turn], turn, n, row[0])
                 for turn, candidates in per_tenant.items()
-                for rnd, row in enumerate(sorted(candidates, key=key))
+                for n, row in enumerate(sorted(candidates, key=key))
             )
-            ranked = [job_id for _, _, job_id in ranked]
+            ranked = [job_id for *_, job_id in ranked]
             found = []
             while ranked and len(found) < limit:
                 want, ranked = ranked[: limit - len(found)], ranked[limit - len(found) :]

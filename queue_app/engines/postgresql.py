@@ -240,6 +240,7 @@ class PostgresEngine(Engine):
         tenants,
         limit,
         now,
+        weights=None,
         expires,
         event,
         queues=None,
@@ -249,8 +250,8 @@ class PostgresEngine(Engine):
         # One statement, as claim(): the tenants as an array WITH ORDINALITY (their turn),
         # per tenant and level a LATERAL seek of jq_ready_tenant (two branches, one for a
         # key and one for the keyless jobs: ``IS NOT DISTINCT FROM`` would not seek), each
-        # tenant's candidates numbered in lease order (row_number() is the round), and the
-        # ids in (round, turn) order as one array: the lock step keeps claim()'s
+        # tenant's candidates numbered in lease order (row_number() n: the round is
+        # (n - 1) / weight), and the ids in (round, turn, n) order as one array: the lock step keeps claim()'s
         # primary-key probes (= ANY) and takes the first ``limit`` by array_position.
         cond, cond_params = "", []
         if queues:
@@ -267,7 +268,8 @@ class PostgresEngine(Engine):
             f" AND j.run_at <= %s{cond}"
             " ORDER BY j.kind, j.concurrency_key, j.priority, j.run_at, j.created_at, j.id LIMIT %s)"
         )
-        seek_params = [kind, now, *cond_params, self.fair_scan(limit, len(tenants))]
+        weights = list(weights or [1] * len(tenants))
+        seek_params = [kind, now, *cond_params, self.fair_scan(limit, weights)]
         keyed = seek.format(tenant="t.key IS NOT NULL AND j.concurrency_key = t.key")
         keyless = seek.format(tenant="t.key IS NULL AND j.concurrency_key IS NULL")
         if aging_us:
@@ -285,15 +287,17 @@ class PostgresEngine(Engine):
                 ORDER BY j.priority DESC LIMIT 1)
         FROM levels l WHERE l.p IS NOT NULL
     ),
-    tenants AS (SELECT * FROM unnest(%s::text[]) WITH ORDINALITY AS t(key, turn)),
+    tenants AS (SELECT * FROM unnest(%s::text[], %s::integer[]) WITH ORDINALITY AS t(key, weight, turn)),
     candidates AS MATERIALIZED (
-        SELECT c.id, t.turn,
-               row_number() OVER (PARTITION BY t.turn ORDER BY {eff} DESC, c.run_at, c.created_at, c.id) AS rnd
+        SELECT c.id, t.turn, t.weight,
+               row_number() OVER (PARTITION BY t.turn ORDER BY {eff} DESC, c.run_at, c.created_at, c.id) AS n
         FROM tenants t CROSS JOIN levels l
         CROSS JOIN LATERAL ({keyed} UNION ALL {keyless}) c
         WHERE l.p IS NOT NULL
     ),
-    ranked AS MATERIALIZED (SELECT ARRAY(SELECT id FROM candidates ORDER BY rnd, turn) AS ids),
+    ranked AS MATERIALIZED (
+        SELECT ARRAY(SELECT id FROM candidates ORDER BY (n - 1) / weight, turn, n) AS ids
+    ),
     picked AS MATERIALIZED (
         SELECT j.id FROM ranked r JOIN {TABLE} j ON j.id = ANY(r.ids)
         -- run_at again, as in claim(): FOR UPDATE re-checks only this WHERE.
@@ -311,7 +315,7 @@ class PostgresEngine(Engine):
     SELECT * FROM leased
     """
         params = (
-            [list(tenants)]
+            [list(tenants), weights]
             + eff_params
             + seek_params
             + seek_params

@@ -153,6 +153,7 @@ class SqliteEngine(Engine):
         tenants,
         limit,
         now,
+        weights=None,
         expires,
         event,
         queues=None,
@@ -162,7 +163,8 @@ class SqliteEngine(Engine):
         # As claim(): one UPDATE ... RETURNING inside the IMMEDIATE transaction. The
         # tenants as a VALUES list with their turn; per tenant and level a correlated seek
         # of jq_ready_tenant (``IS`` matches the keyless tenant's NULL and still seeks);
-        # row_number() per tenant is the round; the first ``limit`` by (round, turn) lease.
+        # row_number() n per tenant gives the round, (n - 1) / weight; the first ``limit``
+        # by (round, turn, n) lease.
         connection = self.connection
         now_db = connection.ops.adapt_datetimefield_value(now)
         cond, cond_params = "", []
@@ -177,8 +179,9 @@ class SqliteEngine(Engine):
             eff_params = [now_db, now_db, aging_us]
         else:
             eff, eff_params = "k.priority", []
-        turns = ", ".join(["(%s, %s)"] * len(tenants))
-        turn_params = [v for turn, key in enumerate(tenants, 1) for v in (key, turn)]
+        weights = list(weights or [1] * len(tenants))
+        turns = ", ".join(["(%s, %s, %s)"] * len(tenants))
+        turn_params = [v for turn, (key, w) in enumerate(zip(tenants, weights), 1) for v in (key, turn, w)]
         sql = f"""
     WITH RECURSIVE levels(p) AS (
         SELECT (SELECT priority FROM {TABLE} INDEXED BY jq_ready_prio
@@ -189,10 +192,10 @@ class SqliteEngine(Engine):
                 ORDER BY k.priority DESC LIMIT 1)
         FROM levels WHERE levels.p IS NOT NULL
     ),
-    tenants(key, turn) AS (VALUES {turns}),
+    tenants(key, turn, weight) AS (VALUES {turns}),
     candidates AS (
-        SELECT k.id, tenants.turn,
-               row_number() OVER (PARTITION BY tenants.turn ORDER BY {eff} DESC, k.run_at, k.created_at, k.id) AS rnd
+        SELECT k.id, tenants.turn, tenants.weight,
+               row_number() OVER (PARTITION BY tenants.turn ORDER BY {eff} DESC, k.run_at, k.created_at, k.id) AS n
         FROM tenants, levels
         JOIN {TABLE} k ON k.id IN (
             SELECT k2.id FROM {TABLE} k2{self.FAIR_HINT}
@@ -204,13 +207,13 @@ class SqliteEngine(Engine):
         WHERE levels.p IS NOT NULL
     )
     UPDATE {TABLE} SET {SET}
-    WHERE id IN (SELECT id FROM candidates ORDER BY rnd, turn LIMIT %s)
+    WHERE id IN (SELECT id FROM candidates ORDER BY (n - 1) / weight, turn, n LIMIT %s)
     RETURNING {rows.JOB_COLUMNS_BARE}
     """
         params = (
             turn_params
             + eff_params
-            + [kind, now_db, *cond_params, self.fair_scan(limit, len(tenants))]
+            + [kind, now_db, *cond_params, self.fair_scan(limit, weights)]
             + [owner, connection.ops.adapt_datetimefield_value(expires), now_db]
             + [limit]
         )

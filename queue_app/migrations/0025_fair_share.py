@@ -25,5 +25,14 @@ class Migration(migrations.Migration):
             name="fair_after",
             field=models.CharField(blank=True, max_length=255, null=True),
         ),
+        migrations.AddField(
+            model_name="kindlimit",
+            name="fair_weights",
+            field=models.JSONField(
+                blank=True,
+                default=dict,
+                help_text='Fair share: {"key": N} leases N of that key\'s jobs per round; others 1.',
+            ),
+        ),
         migrations.RunPython(schema.create_fair_index_0025, schema.drop_fair_index_0025, elidable=False),
     ]

@@ -127,7 +127,32 @@ def test_manage_py_limits_turns_fair_on_and_off_and_lists_it():
     call_command("limits", "report", "--fair", "on", stdout=out)
     assert KindLimit.objects.get(kind="report").fair is True
     assert "fair (round-robin by key)" in out.getvalue()
+    out = StringIO()
+    call_command("limits", "report", "--weights", "gold=3,silver=2", stdout=out)
+    assert KindLimit.objects.get(kind="report").fair_weights == {"gold": 3, "silver": 2}
+    assert "weights gold=3,silver=2" in out.getvalue()
     call_command("limits", "report", "--fair", "off", stdout=StringIO())
     assert KindLimit.objects.get(kind="report").fair is False
     with pytest.raises(CommandError):
         call_command("limits", "report", "--fair", "maybe", stdout=StringIO(), stderr=StringIO())
+
+
+def test_a_weighted_tenant_gets_its_weight_in_jobs_each_round():
+    flow.set_limit("echo", fair=True, fair_weights={"gold": 3})
+    for key in ("gold", "free"):
+        JobFactory.create_batch(10, kind="echo", concurrency_key=key)
+    later = timezone.now() + timedelta(seconds=1)
+    # free (turn 1) then gold (turn 2) with three a round: f g g g, f g g g.
+    assert keys(transitions.claim("w1", limit=8, now=later)) == ["free"] * 2 + ["gold"] * 6
+    # The second round ended with gold: the next claim starts at free.
+    assert KindLimit.objects.get(kind="echo").fair_after == "gold"
+    assert keys(transitions.claim("w1", limit=2, now=later)) == ["free", "gold"]
+
+
+@pytest.mark.parametrize(
+    "bad", [[("a", 3)], {"a": 0}, {"a": True}, {"": 2}, {"a": 1001}, "a=3"], ids=lambda v: repr(v)
+)
+def test_bad_weights_are_refused_and_nothing_is_written(bad):
+    with pytest.raises(InvalidJob):
+        flow.set_limit("echo", fair=True, fair_weights=bad)
+    assert not KindLimit.objects.exists()

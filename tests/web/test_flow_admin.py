@@ -70,3 +70,13 @@ def test_the_admin_marks_a_kind_fair_and_refuses_fair_with_per_key(admin_client)
     )
     assert both.status_code == 200 and b"fair and per_key" in both.content
     assert not KindLimit.objects.filter(kind="sync").exists()
+    heavy = admin_client.post(
+        "/admin/queue_app/kindlimit/add/",
+        {"kind": "mail", "fair": "on", "fair_weights": '{"gold": 0}', "rate_period": 60},
+    )
+    assert heavy.status_code == 200 and b"from 1 to 1000" in heavy.content
+    weighted = admin_client.post(
+        "/admin/queue_app/kindlimit/add/",
+        {"kind": "mail", "fair": "on", "fair_weights": '{"gold": 3}', "rate_period": 60},
+    )
+    assert weighted.status_code == 302 and KindLimit.objects.get(kind="mail").fair_weights == {"gold": 3}

@@ -13,6 +13,19 @@ def _optional_int(text):
     return None if text.lower() in ("none", "off", "0") else int(text)
 
 
+def _weights(text):
+    """'gold=3,silver=2' -> {"gold": 3, "silver": 2}; 'off' -> {} (every key weighs 1)."""
+    if text.lower() == "off":
+        return {}
+    out = {}
+    for part in text.split(","):
+        key, sep, weight = part.rpartition("=")
+        if not sep:
+            raise ValueError(text)
+        out[key.strip()] = int(weight)
+    return out
+
+
 def _on_off(text):
     if text.lower() not in ("on", "off"):
         raise ValueError(text)
@@ -32,6 +45,7 @@ class Command(cli.QueueCommand):
   manage.py limits email --rate 100 --per 60         # at most 100 starts a minute
   manage.py limits sync --per-key 1                  # one job per concurrency key at a time
   manage.py limits report --fair on                  # tenants (concurrency keys) take turns
+  manage.py limits report --weights gold=3           # ... and key "gold" takes 3 jobs a turn
   manage.py limits email --concurrency off           # clear one limit
   manage.py limits email --clear                     # clear them all
   manage.py limits --sync                            # load JOBQUEUE["LIMITS"] first
@@ -67,6 +81,13 @@ Exit status 2 on a bad value (a number below 1, a bad kind name); nothing is wri
             metavar="on|off",
             help="Lease the kind's concurrency keys (tenants) round-robin: one job per tenant per round.",
         )
+        parser.add_argument(
+            "--weights",
+            type=_weights,
+            default=_UNSET,
+            metavar="KEY=N,...",
+            help="With --fair: jobs per round for these keys (others 1); 'off' clears.",
+        )
         parser.add_argument("--clear", action="store_true", help="Remove every limit of the kind.")
         parser.add_argument("--sync", action="store_true", help="Load the LIMITS setting first.")
 
@@ -79,6 +100,7 @@ Exit status 2 on a bad value (a number below 1, a bad kind name); nothing is wri
         rate=_UNSET,
         per=_UNSET,
         fair=_UNSET,
+        weights=_UNSET,
         clear=False,
         sync=False,
         **options,
@@ -91,8 +113,9 @@ Exit status 2 on a bad value (a number below 1, a bad kind name); nothing is wri
             and rate is _UNSET
             and per is _UNSET
             and fair is _UNSET
+            and weights is _UNSET
         ):
-            raise cli.bad_input("give --concurrency, --per-key, --rate/--per, --fair or --clear")
+            raise cli.bad_input("give --concurrency, --per-key, --rate/--per, --fair, --weights or --clear")
         try:
             # All or nothing: a bad LIMITS entry or value leaves every limit as it was.
             with transaction.atomic():
@@ -110,6 +133,7 @@ Exit status 2 on a bad value (a number below 1, a bad kind name); nothing is wri
                         rate_limit=rate,
                         rate_period=per,
                         fair=fair,
+                        fair_weights=weights,
                     )
         except InvalidJob as exc:
             raise cli.bad_input(str(exc)) from None
@@ -125,4 +149,6 @@ Exit status 2 on a bad value (a number below 1, a bad kind name); nothing is wri
                 else "no rate limit"
             )
             fair_text = "   fair (round-robin by key)" if row.fair else ""
+            if row.fair and row.fair_weights:
+                fair_text += ", weights " + ",".join(f"{k}={n}" for k, n in sorted(row.fair_weights.items()))
             self.stdout.write(f"{row.kind:<30} {conc:<24} {keys:<28} {rate_text}{fair_text}")
