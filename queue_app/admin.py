@@ -18,7 +18,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from queue_app.conf import RUNTIME, settings
-from queue_app.core import runtime, validation
+from queue_app.core import flow, runtime, validation
 from queue_app.exceptions import InvalidJob
 from queue_app.models import (
     STATUSES,
@@ -606,7 +606,7 @@ class PauseAdmin(QueueModelAdmin):
 class KindLimitForm(_ValidatedForm):
     class Meta:
         model = KindLimit
-        fields = ["kind", "concurrency", "per_key", "rate_limit", "rate_period"]
+        fields = ["kind", "concurrency", "per_key", "rate_limit", "rate_period", "fair", "fair_weights"]
 
     def clean(self):
         data = super().clean()
@@ -616,6 +616,12 @@ class KindLimitForm(_ValidatedForm):
             raise forms.ValidationError("a limit of 0 would stop the kind for good: pause it instead")
         if data.get("rate_period") is not None:
             self._check(validation.seconds, data["rate_period"], "rate_period", maximum=366 * 86400)
+        if "fair_weights" in data:
+            data["fair_weights"] = self._check(flow.weights, data["fair_weights"])
+        if data.get("fair") and data.get("per_key") is not None:
+            raise forms.ValidationError(
+                "fair and per_key do not combine: per_key already leases keys in rounds; clear one of them"
+            )
         return data
 
 
@@ -629,6 +635,7 @@ class KindLimitAdmin(QueueModelAdmin):
         "per_key",
         "rate_limit",
         "rate_period",
+        "fair",
         "from_settings",
         "updated_at",
     ]

@@ -205,7 +205,9 @@ DEFAULTS = {
     # attempts in its window: a bounded read at any volume, exact below it.
     "DASHBOARD_DURATION_SAMPLE": 5000,
     # Flow control (flow.py): kind -> {"concurrency": N, "per_key": N, "rate_limit": N,
-    # "rate_period": s}; per_key caps leased jobs per Job.concurrency_key.
+    # "rate_period": s, "fair": bool, "fair_weights": {key: N}}; per_key caps leased
+    # jobs per Job.concurrency_key; fair leases the concurrency keys (tenants)
+    # round-robin, N jobs a round for a weighted key (flow.py, Fair share).
     # Copied into the KindLimit table when a worker starts or `manage.py limits --sync`
     # runs; edit them at runtime in the admin or with `manage.py limits`.
     "LIMITS": {},

@@ -783,10 +783,12 @@ class Pause(models.Model):
 class KindLimit(models.Model):
     """Flow control for one kind, cluster-wide (see flow.py): at most ``concurrency``
     leased at once, at most ``per_key`` leased at once per job ``concurrency_key``, at
-    most ``rate_limit`` starts per ``rate_period`` seconds.
+    most ``rate_limit`` starts per ``rate_period`` seconds. With ``fair``, the kind's
+    concurrency keys (tenants) are leased round-robin (flow.py, Fair share).
 
     The row is also the lock that claims of this kind take; ``window_start`` and
-    ``window_count`` are the current rate window, written under that lock.
+    ``window_count`` are the current rate window, and ``fair_after`` the tenant a fair
+    claim served last, all written under that lock.
     """
 
     kind = models.CharField(max_length=KIND_MAX_LENGTH, primary_key=True)
@@ -800,6 +802,18 @@ class KindLimit(models.Model):
     rate_period = models.FloatField(default=60.0, help_text="Seconds.")
     window_start = models.DateTimeField(null=True, blank=True)
     window_count = models.PositiveIntegerField(default=0)
+    fair = models.BooleanField(
+        default=False, help_text="Lease the kind's concurrency keys (tenants) round-robin."
+    )
+    # Where the fair round-robin resumes: None, at the start of the cycle (the jobs
+    # without a key, then the keys in order); "", just after the keyless jobs; a key,
+    # just after that key. Keys are never empty (validation.concurrency_key).
+    fair_after = models.CharField(max_length=CONCURRENCY_KEY_MAX_LENGTH, null=True, blank=True)
+    fair_weights = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='Fair share: {"key": N} leases N of that key\'s jobs per round; others 1.',
+    )
     from_settings = models.BooleanField(default=False)
     updated_at = models.DateTimeField(default=timezone.now)
 

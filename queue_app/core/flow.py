@@ -66,6 +66,31 @@ kind costs as many statements as it leases jobs. The grouped count reads the kin
 leased rows through the ``(state, kind, queue_name)`` index: no more than the kind has
 running, so ``concurrency_key`` needs no index of its own.
 
+Fair share ("one tenant's burst must not starve the others", as Oban Pro's and
+BullMQ Pro's group rotation offer). A ``KindLimit`` row with ``fair`` makes its kind's
+concurrency keys tenants that take turns; jobs without a key are one more tenant. It is
+claimed in the same short transaction under the same row lock as a limited kind (the
+free slots from reserve() are the batch), with its own statement (Engine.claim_fair,
+the same SET, claimed events and SKIP LOCKED as every claim). What one claim guarantees:
+
+* rounds: round 1 is each tenant's best ready job (its best N with a weight N in
+  ``fair_weights``; a key not named there, and the keyless tenant, weigh 1), round 2
+  the next ones, and so on, each tenant's jobs in the usual lease order (priority,
+  aging, run_at, created_at, id); the batch is the first ``free`` jobs of (round, turn);
+* turns: the cycle is the keyless tenant, then the keys in ascending order, resumed just
+  after ``fair_after``, the tenant the previous claim of the kind served last (written
+  under the row lock, so one cycle for every worker and host);
+* hence a tenant with a ready job is leased within ceil(T / batch) claims of its kind,
+  T the kind's tenants with pending jobs, whatever the other tenants' backlogs; with
+  T <= batch, in every batch.
+
+Not promised: an order across tenants by priority (that is what fair gives up). The tenants are the keys of *pending* jobs (a loose index scan of
+jq_ready_tenant, fair_tenants()), so a tenant whose jobs are all scheduled, or in queues
+this worker does not serve, takes its turn and gives nothing. A claim reads at most
+``free`` tenants and seeks each tenant's share of the batch per priority level; when
+some tenants run out, the rounds go on among the others (lease_fair()). ``per_key`` and
+``fair`` do not combine (per_key already leases keys in rounds): set_limit refuses it.
+
 The rate limit is a fixed window per kind: the row holds the window's start and its
 starts so far; a claim after ``window_start + rate_period`` opens a new window. Like
 every fixed window it can admit up to twice the rate across a window boundary over a
@@ -73,6 +98,7 @@ period-long span; the count over whole windows is exact.
 """
 
 import random
+from collections import Counter
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -181,6 +207,8 @@ def set_limit(
     per_key=_UNSET,
     rate_limit=_UNSET,
     rate_period=_UNSET,
+    fair=_UNSET,
+    fair_weights=_UNSET,
     from_settings=False,
     using="default",
 ):
@@ -195,14 +223,41 @@ def set_limit(
         changes["rate_limit"] = _positive_int(rate_limit, "rate_limit")
     if rate_period is not _UNSET:
         changes["rate_period"] = validation.seconds(rate_period, "rate_period", maximum=366 * 86400)
+    if fair is not _UNSET:
+        if not isinstance(fair, bool):
+            raise InvalidJob(f"fair must be true or false, got {fair!r}", "fair")
+        changes["fair"] = fair
+    if fair_weights is not _UNSET:
+        changes["fair_weights"] = weights(fair_weights)
     with transaction.atomic(using=using):
         limit, _ = (
             KindLimit.objects.using(using).select_for_update().get_or_create(kind=kind, defaults=changes)
         )
         for field, value in changes.items():
             setattr(limit, field, value)
+        if limit.fair and limit.per_key is not None:
+            raise InvalidJob(
+                "fair and per_key do not combine: per_key already leases keys in rounds "
+                "(per_key 1 is one job per key at a time); clear one of them",
+                "fair",
+            )
         limit.save(using=using)
     return limit
+
+
+def weights(value):
+    """A fair kind's weights, {concurrency key: jobs per round}, checked; None is {}."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidJob(f'fair_weights must be an object like {{"key": 3}}, got {value!r}', "fair_weights")
+    for key, weight in value.items():
+        validation.concurrency_key(key)
+        if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= 1000:
+            raise InvalidJob(
+                f"fair_weights[{key!r}] must be an integer from 1 to 1000, got {weight!r}", "fair_weights"
+            )
+    return dict(value)
 
 
 def clear_limit(kind, *, using="default"):
@@ -219,7 +274,7 @@ def sync_limits(using="default"):
     """
     configured = settings.LIMITS or {}
     for kind, spec in configured.items():
-        unknown = set(spec) - {"concurrency", "per_key", "rate_limit", "rate_period"}
+        unknown = set(spec) - {"concurrency", "per_key", "rate_limit", "rate_period", "fair", "fair_weights"}
         if unknown:
             raise InvalidJob(f"LIMITS[{kind!r}]: unknown key(s) {sorted(unknown)}", "LIMITS")
         set_limit(
@@ -228,6 +283,8 @@ def sync_limits(using="default"):
             per_key=spec.get("per_key"),
             rate_limit=spec.get("rate_limit"),
             rate_period=spec.get("rate_period", 60.0),
+            fair=spec.get("fair", False),
+            fair_weights=spec.get("fair_weights", {}),
             from_settings=True,
             using=using,
         )
@@ -240,7 +297,10 @@ def active_limits(using="default"):
     return {
         limit.kind: limit
         for limit in KindLimit.objects.using(using).all()
-        if limit.concurrency is not None or limit.rate_limit is not None or limit.per_key is not None
+        if limit.concurrency is not None
+        or limit.rate_limit is not None
+        or limit.per_key is not None
+        or limit.fair
     }
 
 
@@ -301,6 +361,60 @@ def lease_within(row, free, lease, *, using="default"):
         held.update(job.concurrency_key for job in got if job.concurrency_key is not None)
         if len(got) < want:
             break  # nothing more is claimable now
+    return jobs
+
+
+def fair_tenants(row, n, *, using="default"):
+    """The next ``n`` (at most) tenants of ``row``'s fair kind, in the order a fair claim
+    serves them: the cycle (keyless jobs, then the keys in order) resumed just after
+    ``row.fair_after`` and wrapped around. Tenants are the keys of pending jobs, read
+    by a loose index scan (Engine.fair_keys): as many seeks as tenants returned."""
+    engine = engines.of(connections[using])
+    keyless = engine.fair_keyless(row.kind)
+    after = row.fair_after
+    if after is None:
+        tenants = [None] if keyless else []
+        return tenants + engine.fair_keys(row.kind, n - len(tenants))
+    tenants = engine.fair_keys(row.kind, n, after=after or None)
+    if len(tenants) < n and keyless:
+        tenants.append(None)
+    if after and len(tenants) < n:
+        tenants += engine.fair_keys(row.kind, n - len(tenants), upto=after)
+    return tenants[:n]
+
+
+def lease_fair(row, free, lease, *, using="default"):
+    """Lease up to ``free`` jobs of ``row``'s fair kind with ``lease(tenants, weights, n)``
+    round-robin over its tenants, and move the kind's place in the cycle to the last
+    tenant served; return the jobs.
+
+    Runs under the reserve() lock, so one claim at a time moves the place, cluster-wide."""
+    tenants = fair_tenants(row, free, using=using)
+    weight = {key: row.fair_weights.get(key, 1) if key is not None else 1 for key in tenants}
+
+    def rounds(counts, tenant):
+        return -(-counts[tenant] // weight[tenant])  # the rounds this tenant's jobs took
+
+    jobs, asked = [], tenants
+    while asked and len(jobs) < free:
+        got = lease(asked, [weight[t] for t in asked], free - len(jobs))
+        if not got:
+            break
+        jobs += got
+        # A claim seeks only each tenant's share of the batch (Engine.fair_scan): when
+        # some ran out, the rest of the batch goes on in rounds among those that may
+        # have more, the ones that filled the most rounds.
+        per_tenant = Counter(job.concurrency_key for job in got)
+        most = max(rounds(per_tenant, t) for t in asked)
+        asked = [t for t in asked if rounds(per_tenant, t) == most]
+    if jobs:
+        # The last job in lease order is in the last round, from the last of the
+        # tenants that had a job in it.
+        got = Counter(job.concurrency_key for job in jobs)
+        last_round = max(rounds(got, t) for t in tenants)
+        last = [t for t in tenants if rounds(got, t) == last_round][-1]
+        row.fair_after = "" if last is None else last
+        KindLimit.objects.using(using).filter(kind=row.kind).update(fair_after=row.fair_after)
     return jobs
 
 

@@ -617,12 +617,28 @@ def claim(
         found = claim_one(limit=limit, kinds=list(kinds) if kinds else None, unless_gated=True)
         if found is not None:
             return sorted(rows.JobReader.on(connection).jobs(found), key=in_order) if found else []
-    # Paused queues/kinds are never leased; limited kinds are claimed one by one under
-    # their limit row's lock before the main claim (flow.py says why).
+    # Paused queues/kinds are never leased; limited (and fair) kinds are claimed one by
+    # one under their limit row's lock before the main claim (flow.py says why).
     pauses, limits = flow.claim_gates(db)
 
     def lease(n, **filters):
         found = claim_one(limit=n, exclude_queues=pauses.queues, **filters)
+        return rows.JobReader.on(connection).jobs(found) if found else []
+
+    def lease_fair(kind, tenants, weights, n):
+        found = engine.claim_fair(
+            owner=worker_id,
+            kind=kind,
+            tenants=tenants,
+            weights=weights,
+            limit=n,
+            now=now,
+            expires=expires,
+            event=event,
+            queues=list(queues) if queues else None,
+            aging_us=ordering.aging_microseconds(aging),
+            exclude_queues=pauses.queues,
+        )
         return rows.JobReader.on(connection).jobs(found) if found else []
 
     jobs = []
@@ -631,7 +647,11 @@ def claim(
             break
         with transaction.atomic(using=db, savepoint=False):
             row, free = flow.reserve(kind, limit - len(jobs), now, using=db)
-            if free:
+            if free and row.fair:
+                got = flow.lease_fair(row, free, partial(lease_fair, kind), using=db)
+                flow.record_starts(row, len(got), now, using=db)
+                jobs += got
+            elif free:
                 got = flow.lease_within(row, free, partial(lease, kinds=[kind]), using=db)
                 flow.record_starts(row, len(got), now, using=db)
                 jobs += got

@@ -221,6 +221,82 @@ class Engine:
         its own."""
         raise NotImplementedError
 
+    def claim_fair(
+        self,
+        *,
+        owner,
+        kind,
+        tenants,
+        limit,
+        now,
+        weights=None,
+        expires,
+        event,
+        queues=None,
+        aging_us=0,
+        exclude_queues=None,
+    ):
+        """Lease up to ``limit`` ready jobs of ``kind`` round-robin over ``tenants`` (a list
+        of concurrency keys, None for the jobs without one, in the order they are served)
+        and write ``event`` for each, as claim() does (the same SET, events and locks).
+
+        Round r takes the r-th ``weights[i]`` jobs (default 1) of each tenant ``i`` in
+        turn, each tenant's jobs in lease order (leasing.py, per tenant): the order is
+        (r, the tenant's place in ``tenants``, the job's place in the tenant), and the
+        first ``limit`` of it are leased. Each tenant's candidates
+        are per-level seeks on jq_ready_tenant, so the cost grows with ``tenants`` and
+        ``limit``, not with the tenants' backlogs."""
+        raise NotImplementedError
+
+    # Per tenant and level, how many candidates a fair claim seeks: enough for its share
+    # of the batch, and a few over for rows another claimer holds (fair claims of one
+    # kind take turns on its limit row, so those are rare: another path's leftovers).
+    @staticmethod
+    def fair_scan(limit, weights):
+        return min(limit, -(-limit // max(1, len(weights))) * max(weights, default=1) + 2)
+
+    # After FROM in the tenant walk: a vendor's index hint.
+    FAIR_HINT = ""
+
+    def fair_keys(self, kind, n, after=None, upto=None):
+        """Up to ``n`` distinct concurrency keys of ``kind``'s pending jobs in ascending
+        order: above ``after`` (None: from the first key), at most ``upto`` (None: no bound).
+
+        A loose index scan of jq_ready_tenant: one seek per key found, however many jobs
+        each key has waiting."""
+        if n <= 0:
+            return []
+        seek = (
+            f"SELECT concurrency_key FROM {rows.JOB_TABLE}{self.FAIR_HINT}"
+            " WHERE state = 'pending' AND kind = %s AND concurrency_key > {prev}{upto}"
+            " ORDER BY concurrency_key LIMIT 1"
+        )
+        bound, bound_params = ("", []) if upto is None else (" AND concurrency_key <= %s", [upto])
+        first_prev, first_params = ("%s", [after]) if after is not None else ("''", [])
+        sql = f"""
+        WITH RECURSIVE walk(k, n) AS (
+            SELECT ({seek.format(prev=first_prev, upto=bound)}), 1
+            UNION ALL
+            SELECT ({seek.format(prev="walk.k", upto=bound)}), walk.n + 1
+            FROM walk WHERE walk.k IS NOT NULL AND walk.n < %s
+        )
+        SELECT k FROM walk WHERE k IS NOT NULL
+        """
+        params = [kind, *first_params, *bound_params, kind, *bound_params, n]
+        with self.connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return [row[0] for row in cursor.fetchall()]
+
+    def fair_keyless(self, kind):
+        """Whether ``kind`` has pending jobs without a concurrency key (one index seek)."""
+        with self.connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT 1 FROM {rows.JOB_TABLE}{self.FAIR_HINT}"
+                " WHERE state = 'pending' AND kind = %s AND concurrency_key IS NULL LIMIT 1",
+                [kind],
+            )
+            return cursor.fetchone() is not None
+
     def complete_plain(self, done, owner, at_db, event):
         """Complete those of ``done`` [(job_id, attempt, result, metadata)] that ``owner``
         still holds (the Fence) and that have no follow-up to enqueue (no on_success, no
@@ -362,8 +438,8 @@ def by_result(done):
     return results
 
 
-# A KindLimit row that limits its kind (a row with every limit cleared does not).
-LIMITED = "concurrency IS NOT NULL OR rate_limit IS NOT NULL OR per_key IS NOT NULL"
+# A KindLimit row that limits its kind (a row with every limit cleared and fair off does not).
+LIMITED = "concurrency IS NOT NULL OR rate_limit IS NOT NULL OR per_key IS NOT NULL OR fair = TRUE"
 # SQL, true when a claim must go the long way (claim_gates(), flow.py): something is
 # paused or limited. Two reads of tables of a few rows (usually none).
 GATED = (

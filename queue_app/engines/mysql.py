@@ -201,6 +201,115 @@ class MariadbEngine(Engine):
                     row[STARTED] = naive_now
             return found
 
+    def fair_keys(self, kind, n, after=None, upto=None):
+        # A MIN() bounded on jq_ready_tenant's prefix is one seek ("Select tables optimized
+        # away"); a recursive CTE would re-run its subquery unoptimised (see _levels).
+        bound, bound_params = ("", []) if upto is None else (" AND concurrency_key <= %s", [upto])
+        found = []
+        with self.connection.cursor() as cursor:
+            while len(found) < n:
+                prev = found[-1] if found else after
+                cursor.execute(
+                    f"SELECT MIN(concurrency_key) FROM {TABLE} WHERE state = 'pending' AND kind = %s"
+                    f" AND concurrency_key > %s{bound}",
+                    [kind, "" if prev is None else prev, *bound_params],
+                )
+                key = cursor.fetchone()[0]
+                if key is None:
+                    break
+                found.append(key)
+        return found
+
+    def claim_fair(
+        self,
+        *,
+        owner,
+        kind,
+        tenants,
+        limit,
+        now,
+        weights=None,
+        expires,
+        event,
+        queues=None,
+        aging_us=0,
+        exclude_queues=None,
+    ):
+        # As claim(): the levels first, then a short transaction. One UNION of seeks of
+        # jq_ready_tenant, per tenant and level, each row tagged with its tenant's turn;
+        # the candidates numbered per tenant in lease order (ordering.py's key) in Python,
+        # ordered by (round, turn, number), the round being number // weight, and the first ``limit`` locked FOR UPDATE SKIP LOCKED
+        # (topped up from the next ones) and leased by primary key.
+        levels = self._levels(False)
+        if not levels:
+            return []
+        connection = self.connection
+        now_db = connection.ops.adapt_datetimefield_value(now)
+        naive_now = timezone.make_naive(now, connection.timezone)
+        weights = list(weights or [1] * len(tenants))
+        scan = self.fair_scan(limit, weights)
+        cond, cond_params = "", []
+        if queues:
+            cond += f" AND queue_name IN ({marks(queues)})"
+            cond_params.extend(queues)
+        if exclude_queues:
+            cond += f" AND queue_name NOT IN ({marks(exclude_queues)})"
+            cond_params.extend(sorted(exclude_queues))
+        parts, params = [], []
+        for turn, key in enumerate(tenants):
+            tenant = "concurrency_key IS NULL" if key is None else "concurrency_key = %s"
+            for level in levels:
+                parts.append(
+                    f"(SELECT %s, id, priority, run_at, created_at FROM {TABLE}"
+                    f" WHERE state = 'pending' AND kind = %s AND {tenant} AND priority = %s"
+                    f" AND run_at <= %s{cond} ORDER BY run_at, created_at, id LIMIT %s)"
+                )
+                params += [turn, kind, *([] if key is None else [key]), level, now_db, *cond_params, scan]
+
+        def key(row):
+            job_id, priority, run_at, created_at = row
+            eff = priority + ((naive_now - run_at) // _US) // aging_us if aging_us else priority
+            return (-eff, run_at, created_at, job_id)
+
+        with self.atomic(), connection.cursor() as cursor:
+            cursor.execute(" UNION ALL ".join(parts), params)
+            per_tenant = {}
+            for turn, *row in cursor.fetchall():
+                per_tenant.setdefault(turn, []).append(row)
+            ranked = sorted(
+                (n // weights[turn], turn, n, row[0])
+                for turn, candidates in per_tenant.items()
+                for n, row in enumerate(sorted(candidates, key=key))
+            )
+            ranked = [job_id for *_, job_id in ranked]
+            found = []
+            while ranked and len(found) < limit:
+                want, ranked = ranked[: limit - len(found)], ranked[limit - len(found) :]
+                cursor.execute(
+                    f"SELECT {rows.JOB_COLUMNS_BARE} FROM {TABLE} WHERE id IN ({marks(want)})"
+                    " AND state = 'pending' AND run_at <= %s FOR UPDATE SKIP LOCKED",
+                    want + [now_db],
+                )
+                found.extend(list(row) for row in cursor.fetchall())
+            if found:
+                cursor.execute(
+                    f"UPDATE {TABLE} SET {SET} WHERE id IN ({marks(found)})",
+                    [owner, connection.ops.adapt_datetimefield_value(expires), now_db]
+                    + [row[ID] for row in found],
+                )
+            # The rows as read under the lock, with what SET wrote (see _claim).
+            naive_expires = timezone.make_naive(expires, connection.timezone)
+            for row in found:
+                row[STATE] = State.LEASED.value
+                row[OWNER] = owner
+                row[EXPIRES] = naive_expires
+                row[ATTEMPTS] += 1
+                if row[STARTED] is None:
+                    row[STARTED] = naive_now
+            if found:
+                rows.insert_events(connection, self._claimed_events(found, event))
+        return found
+
     def complete_plain(self, done, owner, at_db, event):
         connection = self.connection
         with self.atomic(), connection.cursor() as cursor:

@@ -148,6 +148,89 @@ class SqliteEngine(Engine):
                 rows.insert_events(connection, self._claimed_events(found, event))
         return found
 
+    # The tenant walk and the fair seeks name their index, as the claim's level seeks do.
+    FAIR_HINT = " INDEXED BY jq_ready_tenant"
+
+    def claim_fair(
+        self,
+        *,
+        owner,
+        kind,
+        tenants,
+        limit,
+        now,
+        weights=None,
+        expires,
+        event,
+        queues=None,
+        aging_us=0,
+        exclude_queues=None,
+    ):
+        # As claim(): one UPDATE ... RETURNING inside the IMMEDIATE transaction. The
+        # tenants as a VALUES list with their turn; per tenant and level a correlated seek
+        # of jq_ready_tenant (``IS`` matches the keyless tenant's NULL and still seeks);
+        # row_number() n per tenant gives the round, (n - 1) / weight; the first ``limit``
+        # by (round, turn, n) lease.
+        connection = self.connection
+        now_db = connection.ops.adapt_datetimefield_value(now)
+        cond, cond_params = "", []
+        if queues:
+            cond += f" AND k2.queue_name IN ({marks(queues)})"
+            cond_params.extend(queues)
+        if exclude_queues:
+            cond += f" AND k2.queue_name NOT IN ({marks(exclude_queues)})"
+            cond_params.extend(sorted(exclude_queues))
+        if aging_us:
+            eff = f"k.priority + (({_sqlite_us('%s')} - {_sqlite_us('k.run_at')}) / %s)"
+            eff_params = [now_db, now_db, aging_us]
+        else:
+            eff, eff_params = "k.priority", []
+        weights = list(weights or [1] * len(tenants))
+        turns = ", ".join(["(%s, %s, %s)"] * len(tenants))
+        turn_params = [v for turn, (key, w) in enumerate(zip(tenants, weights), 1) for v in (key, turn, w)]
+        sql = f"""
+    WITH RECURSIVE levels(p) AS (
+        SELECT (SELECT priority FROM {TABLE} INDEXED BY jq_ready_prio
+                WHERE state = 'pending' ORDER BY priority DESC LIMIT 1)
+        UNION ALL
+        SELECT (SELECT k.priority FROM {TABLE} k INDEXED BY jq_ready_prio
+                WHERE k.state = 'pending' AND k.priority < levels.p
+                ORDER BY k.priority DESC LIMIT 1)
+        FROM levels WHERE levels.p IS NOT NULL
+    ),
+    tenants(key, turn, weight) AS (VALUES {turns}),
+    candidates AS (
+        SELECT k.id, tenants.turn, tenants.weight,
+               row_number() OVER (PARTITION BY tenants.turn ORDER BY {eff} DESC, k.run_at, k.created_at, k.id) AS n
+        FROM tenants, levels
+        JOIN {TABLE} k ON k.id IN (
+            SELECT k2.id FROM {TABLE} k2{self.FAIR_HINT}
+            WHERE k2.state = 'pending' AND k2.kind = %s AND k2.concurrency_key IS tenants.key
+                  AND k2.priority = levels.p AND k2.run_at <= %s{cond}
+            ORDER BY k2.run_at, k2.created_at, k2.id
+            LIMIT %s
+        )
+        WHERE levels.p IS NOT NULL
+    )
+    UPDATE {TABLE} SET {SET}
+    WHERE id IN (SELECT id FROM candidates ORDER BY (n - 1) / weight, turn, n LIMIT %s)
+    RETURNING {rows.JOB_COLUMNS_BARE}
+    """
+        params = (
+            turn_params
+            + eff_params
+            + [kind, now_db, *cond_params, self.fair_scan(limit, weights)]
+            + [owner, connection.ops.adapt_datetimefield_value(expires), now_db]
+            + [limit]
+        )
+        with self.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute(sql, params)
+                found = cursor.fetchall()
+            if found:
+                rows.insert_events(connection, self._claimed_events(found, event))
+        return found
+
     def complete_plain(self, done, owner, at_db, event):
         # UPDATE ... RETURNING tells which rows the fence let through: no lock, no read first.
         connection = self.connection

@@ -121,3 +121,39 @@ def test_a_per_key_claim_seeks_indexes_and_never_scans_the_job_table():
         transaction.set_rollback(True)
     assert any("GROUP BY" in sql for sql, _ in captured), "the per-key count was not captured"
     _assert_seeks(plans, "jq_job_state_kind_queue", "jq_ready")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_fair_claim_seeks_the_tenant_index_and_never_scans_the_job_table():
+    flow.set_limit("echo", fair=True)
+    # One tenant's burst, 40 small tenants and keyless jobs, over five priority levels.
+    now = _seed_analyzed(
+        [{"kind": "echo", "priority": (i % 5) * 10 - 20, "concurrency_key": "big"} for i in range(5000)]
+        + [
+            {
+                "kind": "echo",
+                "priority": (i % 5) * 10 - 20,
+                "concurrency_key": f"k{i % 40}" if i % 41 else None,
+            }
+            for i in range(1000)
+        ]
+    )
+    captured = []
+
+    def capture(execute, sql, params, many, context):
+        if "queue_app_job" in sql:
+            captured.append((sql, params))
+        return execute(sql, params, many, context)
+
+    with transaction.atomic():
+        with connection.execute_wrapper(capture):
+            jobs = transitions.claim("w", limit=10, aging=30, now=now + timedelta(seconds=1))
+        assert len({j.concurrency_key for j in jobs}) == len(jobs) == 10
+        plans = _plans(captured)
+        transaction.set_rollback(True)
+    assert any("concurrency_key" in sql and "ORDER BY" in sql for sql, _ in captured), "no fair seek captured"
+    assert None in {j.concurrency_key for j in jobs}  # the keyless tenant's seek ran too
+    _assert_seeks(plans, "jq_ready_tenant")
+    # Each tenant's seek reads the index in order: a sort under it would read the
+    # tenant's whole level (PostgreSQL sorts the keyless one unless told the full order).
+    assert not re.search(r"Sort Key: j_\d+\.run_at", "\n".join(plans)), "\n".join(plans)

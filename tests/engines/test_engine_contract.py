@@ -173,6 +173,50 @@ def test_claim_leaves_out_excluded_queues_kinds_and_keys_but_never_jobs_without_
     assert Event.objects.filter(type=EventType.CLAIMED).count() == 2
 
 
+@pytest.mark.django_db
+def test_claim_fair_leases_in_rounds_over_the_tenants_in_turn_with_one_claimed_event_each():
+    now = timezone.now()
+    a1, a2, a3 = insert(now, [{"concurrency_key": "a", "priority": p} for p in (5, 3, 1)])
+    (b1,) = insert(now, [{"concurrency_key": "b"}])
+    n1, n2 = insert(now, [{}, {"priority": -5}])
+    # Not this claim's: another kind, an excluded queue, scheduled for later.
+    insert(now, [{"kind": "add"}, {"queue_name": "paused"}, {"run_at": now + timedelta(hours=1)}])
+    found = engine().claim_fair(
+        owner="w1",
+        kind="echo",
+        tenants=["b", None, "a"],
+        limit=5,
+        now=now,
+        expires=now + timedelta(seconds=30),
+        event=claimed_event(now),
+        exclude_queues=["paused"],
+    )
+    # (round, turn): b1 n1 a1, then n2 a2 (b has no more); a3 is sixth.
+    assert {row[0] for row in found} == {b1.id, n1.id, a1.id, n2.id, a2.id}
+    assert Job.objects.get(id=a3.id).state == State.PENDING
+    claimed = Event.objects.filter(type=EventType.CLAIMED)
+    assert sorted(claimed.values_list("job_id", "attempt", "worker")) == sorted(
+        (job.id, 1, "w1") for job in (b1, n1, a1, n2, a2)
+    )
+
+
+@pytest.mark.django_db
+def test_fair_keys_walk_the_kinds_pending_keys_in_order_from_after_up_to_upto():
+    now = timezone.now()
+    insert(
+        now,
+        [{"concurrency_key": k} for k in ("c", "a", "d", "b", "a")]
+        + [{}, {"kind": "add", "concurrency_key": "e"}],
+    )
+    insert(now, [{"concurrency_key": "z", "state": State.COMPLETED.value}])
+    assert engine().fair_keys("echo", 10) == ["a", "b", "c", "d"]
+    assert engine().fair_keys("echo", 2, after="a") == ["b", "c"]
+    assert engine().fair_keys("echo", 10, upto="b") == ["a", "b"]
+    assert engine().fair_keys("echo", 0) == []
+    assert engine().fair_keyless("echo") is True
+    assert engine().fair_keyless("add") is False
+
+
 # --- the fence -----------------------------------------------------------------------------
 
 
@@ -292,7 +336,13 @@ def test_claim_gates_list_pauses_and_limited_kinds():
     flow.pause(kind="add")
     flow.set_limit("echo", concurrency=2)
     flow.set_limit("slow", rate_period=30)  # no limit set: not a limited kind
-    assert sorted(engine().claim_gates()) == [("kind", "add"), ("limit", "echo"), ("queue", "mail")]
+    flow.set_limit("report", fair=True)  # fair is claimed apart too
+    assert sorted(engine().claim_gates()) == [
+        ("kind", "add"),
+        ("limit", "echo"),
+        ("limit", "report"),
+        ("queue", "mail"),
+    ]
 
 
 # --- waiting for work --------------------------------------------------------------------
@@ -378,12 +428,14 @@ def test_an_ungated_claim_leases_as_a_plain_one_when_nothing_is_paused_or_limite
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("gate", ["queue", "kind", "limit"])
+@pytest.mark.parametrize("gate", ["queue", "kind", "limit", "fair"])
 def test_an_ungated_claim_leases_nothing_and_says_so_while_anything_is_paused_or_limited(gate):
     now = timezone.now()
     insert(now, [{}, {"kind": "add"}])
     if gate == "limit":
         flow.set_limit("elsewhere", concurrency=5)
+    elif gate == "fair":
+        flow.set_limit("elsewhere", fair=True)
     else:
         flow.pause(**{gate: "nothing-that-exists"})
 

@@ -23,7 +23,18 @@ from queue_app.core import flow, transitions
 from queue_app.core.enqueueing import enqueue
 from queue_app.handlers import registry
 from queue_app.management.commands.web import gunicorn_argv, parse_addr
-from queue_app.models import DeadLetter, Event, EventType, Job, Pause, Schedule, State, Worker, WorkerState
+from queue_app.models import (
+    DeadLetter,
+    Event,
+    EventType,
+    Job,
+    KindLimit,
+    Pause,
+    Schedule,
+    State,
+    Worker,
+    WorkerState,
+)
 from queue_app.ops import dashboard, reads
 from queue_app.templatetags import jobqueue_ui
 from queue_app.worker import schedules as scheduling
@@ -726,6 +737,14 @@ def test_the_queues_page_shows_each_kind_limit_and_how_full_it_is(viewer):
     (row,) = [r for r in response.context["rows"] if r["kind"] == "export"]
     assert row["limit"]["leased"] == 2
     assert '<span class="warn">2 of 2 leased</span> · 0 of 10 per 1m00s' in page
+    assert 'data-fair="off"' in page
+
+
+def test_the_queues_page_shows_a_fair_kind_its_weights_and_where_its_cycle_resumes(viewer):
+    flow.set_limit("report", fair=True, fair_weights={"gold": 3})
+    KindLimit.objects.filter(kind="report").update(fair_after="acme")
+    page = viewer.get(url("queues")).content.decode()
+    assert 'data-fair="on">round-robin by key; weights gold=3; next after acme<' in page
 
 
 # --- the job page -----------------------------------------------------------------------

@@ -58,3 +58,25 @@ def test_the_dashboard_shows_what_is_paused(admin_client):
     flow.pause(queue="mail", reason="smtp down")
     page = admin_client.get("/dashboard/").content.decode()
     assert 'data-paused="1"' in page and "queue mail" in page and "smtp down" in page
+
+
+def test_the_admin_marks_a_kind_fair_and_refuses_fair_with_per_key(admin_client):
+    resp = admin_client.post(
+        "/admin/queue_app/kindlimit/add/", {"kind": "report", "fair": "on", "rate_period": 60}
+    )
+    assert resp.status_code == 302 and KindLimit.objects.get(kind="report").fair is True
+    both = admin_client.post(
+        "/admin/queue_app/kindlimit/add/", {"kind": "sync", "fair": "on", "per_key": 1, "rate_period": 60}
+    )
+    assert both.status_code == 200 and b"fair and per_key" in both.content
+    assert not KindLimit.objects.filter(kind="sync").exists()
+    heavy = admin_client.post(
+        "/admin/queue_app/kindlimit/add/",
+        {"kind": "mail", "fair": "on", "fair_weights": '{"gold": 0}', "rate_period": 60},
+    )
+    assert heavy.status_code == 200 and b"from 1 to 1000" in heavy.content
+    weighted = admin_client.post(
+        "/admin/queue_app/kindlimit/add/",
+        {"kind": "mail", "fair": "on", "fair_weights": '{"gold": 3}', "rate_period": 60},
+    )
+    assert weighted.status_code == 302 and KindLimit.objects.get(kind="mail").fair_weights == {"gold": 3}
