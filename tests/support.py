@@ -30,3 +30,17 @@ def lapse(job, *, started=True):
     gives the attempt back."""
     changes = {"started_attempt": F("attempts")} if started else {}
     Job.objects.filter(id=job.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1), **changes)
+
+
+def drain(limit=500):
+    """Run ready jobs in this process (execution.run_one) until none is left; return their
+    ids in run order. Fails if ``limit`` runs leave the queue not empty."""
+    from queue_app.worker.execution import run_one
+
+    ran = []
+    for _ in range(limit):
+        job = run_one()
+        if job is None:
+            return ran
+        ran.append(job.id)
+    raise AssertionError("the queue did not drain")

@@ -173,33 +173,45 @@ class MariadbEngine(Engine):
             # BY ... LIMIT in the locking SELECT, InnoDB locks every candidate it reads before
             # the sort, and a concurrent claimer finds them all taken.
             ranked = [row[0] for row in sorted(cursor.fetchall(), key=key)]
-            found = []
-            while ranked and len(found) < limit:
-                want, ranked = ranked[: limit - len(found)], ranked[limit - len(found) :]
-                cursor.execute(
-                    f"SELECT {rows.JOB_COLUMNS_BARE} FROM {TABLE} WHERE id IN ({', '.join(['%s'] * len(want))})"
-                    f" AND state = 'pending' AND run_at <= %s FOR UPDATE SKIP LOCKED",
-                    want + [now_db],
-                )
-                found.extend(list(row) for row in cursor.fetchall())
+            found = self._lock_best(cursor, ranked, limit, now_db)
             found.sort(key=lambda r: key((r[ID], r[PRIORITY], r[RUN_AT], r[CREATED])))
-            if found:
-                cursor.execute(
-                    f"UPDATE {TABLE} SET {SET} WHERE id IN ({', '.join(['%s'] * len(found))})",
-                    [owner, connection.ops.adapt_datetimefield_value(expires), now_db]
-                    + [row[ID] for row in found],
-                )
-            # No UPDATE ... RETURNING on MariaDB: the rows as read (under the lock), with what
-            # SET wrote, in the driver's form (naive UTC datetimes).
-            naive_expires = timezone.make_naive(expires, connection.timezone)
-            for row in found:
-                row[STATE] = State.LEASED.value
-                row[OWNER] = owner
-                row[EXPIRES] = naive_expires
-                row[ATTEMPTS] += 1
-                if row[STARTED] is None:
-                    row[STARTED] = naive_now
+            self._lease(cursor, found, owner, expires, now, now_db)
             return found
+
+    def _lock_best(self, cursor, ranked, limit, now_db):
+        """Lock the first ``limit`` of the ``ranked`` ids still ready, FOR UPDATE SKIP LOCKED,
+        topped up from the next ones; return their rows (JOB_COLUMNS) as lists."""
+        found = []
+        while ranked and len(found) < limit:
+            want, ranked = ranked[: limit - len(found)], ranked[limit - len(found) :]
+            cursor.execute(
+                f"SELECT {rows.JOB_COLUMNS_BARE} FROM {TABLE} WHERE id IN ({marks(want)})"
+                " AND state = 'pending' AND run_at <= %s FOR UPDATE SKIP LOCKED",
+                want + [now_db],
+            )
+            found.extend(list(row) for row in cursor.fetchall())
+        return found
+
+    def _lease(self, cursor, found, owner, expires, now, now_db):
+        """Lease the locked rows ``found`` by primary key, and write into them what SET
+        wrote: no UPDATE ... RETURNING on MariaDB, so the rows are the ones read under the
+        lock, in the driver's form (naive UTC datetimes)."""
+        if not found:
+            return
+        connection = self.connection
+        cursor.execute(
+            f"UPDATE {TABLE} SET {SET} WHERE id IN ({marks(found)})",
+            [owner, connection.ops.adapt_datetimefield_value(expires), now_db] + [row[ID] for row in found],
+        )
+        naive_now = timezone.make_naive(now, connection.timezone)
+        naive_expires = timezone.make_naive(expires, connection.timezone)
+        for row in found:
+            row[STATE] = State.LEASED.value
+            row[OWNER] = owner
+            row[EXPIRES] = naive_expires
+            row[ATTEMPTS] += 1
+            if row[STARTED] is None:
+                row[STARTED] = naive_now
 
     def fair_keys(self, kind, n, after=None, upto=None):
         # A MIN() bounded on jq_ready_tenant's prefix is one seek ("Select tables optimized
@@ -282,30 +294,8 @@ class MariadbEngine(Engine):
                 for n, row in enumerate(sorted(candidates, key=key))
             )
             ranked = [job_id for *_, job_id in ranked]
-            found = []
-            while ranked and len(found) < limit:
-                want, ranked = ranked[: limit - len(found)], ranked[limit - len(found) :]
-                cursor.execute(
-                    f"SELECT {rows.JOB_COLUMNS_BARE} FROM {TABLE} WHERE id IN ({marks(want)})"
-                    " AND state = 'pending' AND run_at <= %s FOR UPDATE SKIP LOCKED",
-                    want + [now_db],
-                )
-                found.extend(list(row) for row in cursor.fetchall())
-            if found:
-                cursor.execute(
-                    f"UPDATE {TABLE} SET {SET} WHERE id IN ({marks(found)})",
-                    [owner, connection.ops.adapt_datetimefield_value(expires), now_db]
-                    + [row[ID] for row in found],
-                )
-            # The rows as read under the lock, with what SET wrote (see _claim).
-            naive_expires = timezone.make_naive(expires, connection.timezone)
-            for row in found:
-                row[STATE] = State.LEASED.value
-                row[OWNER] = owner
-                row[EXPIRES] = naive_expires
-                row[ATTEMPTS] += 1
-                if row[STARTED] is None:
-                    row[STARTED] = naive_now
+            found = self._lock_best(cursor, ranked, limit, now_db)
+            self._lease(cursor, found, owner, expires, now, now_db)
             if found:
                 rows.insert_events(connection, self._claimed_events(found, event))
         return found

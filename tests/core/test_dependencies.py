@@ -12,19 +12,9 @@ from queue_app.models import Dependency, Job, State
 from queue_app.ops import reads
 from queue_app.worker.execution import run_one
 from tests import sample_tasks as tasks
-from tests.support import event_types, events
+from tests.support import drain, event_types, events
 
 pytestmark = pytest.mark.django_db
-
-
-def drain(limit=200):
-    ran = []
-    for _ in range(limit):
-        job = run_one()
-        if job is None:
-            return ran
-        ran.append(job.id)
-    return ran
 
 
 def test_a_dependent_waits_unleased_and_not_ready_until_its_dependencies_complete():

@@ -17,7 +17,7 @@ from queue_app.handlers import registry
 from queue_app.models import Dependency, Event, Job, State
 from queue_app.ops.why import why
 from queue_app.worker.execution import run_one
-from tests.support import event_types
+from tests.support import drain, event_types
 
 pytestmark = pytest.mark.django_db
 
@@ -35,16 +35,6 @@ def flaky(payload):
 @pytest.fixture(autouse=True)
 def _flaky():
     registry.register("flaky", flaky)
-
-
-def drain(limit=500):
-    ran = []
-    for _ in range(limit):
-        job = run_one()
-        if job is None:
-            return ran
-        ran.append(job.id)
-    raise AssertionError("the queue did not drain")
 
 
 def state(job):
