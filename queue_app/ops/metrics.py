@@ -186,8 +186,9 @@ def _fold(db, now):
         seen = {row[ID] for row in new}
         hi = new[-1][ID]
         # Before the first fold, ids below the first one seen are history (pruned or
-        # rolled back long ago), not transactions still in flight.
-        low = last + 1 if last else new[0][ID]
+        # rolled back long ago), not transactions still in flight; also when the old part
+        # was just counted in bulk above (``last`` moved, the checkpoint's did not).
+        low = last + 1 if cp.last_event_id else new[0][ID]
         for missing in range(max(low, hi - batch + 1), hi):
             if missing not in seen:
                 gaps.setdefault(missing, now.timestamp())
