@@ -100,7 +100,9 @@ def test_doctor_finds_autovacuum_disabled_on_the_job_table():
         "autovacuum is disabled on queue_app_job: ALTER TABLE queue_app_job RESET (autovacuum_enabled)"
         in found
     )
-    assert not any("queue_app_event" in line for line in found)
+    # Only the table it was disabled on (earlier tests may leave the event table dead rows,
+    # a finding of its own on a server whose autovacuum is off).
+    assert not any(line.startswith("autovacuum is disabled on queue_app_event") for line in found)
 
 
 def test_doctor_names_unapplied_migrations_first():
