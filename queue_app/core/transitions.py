@@ -39,7 +39,7 @@ from contextlib import suppress
 from datetime import timedelta
 from functools import partial
 
-from django.db import IntegrityError, connections, router, transaction
+from django.db import IntegrityError, OperationalError, connections, router, transaction
 from django.db.models import BooleanField, ExpressionWrapper, F, Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -260,6 +260,20 @@ def _enqueue(req, using):
             extra=telemetry.job_fields(job),
         )
         return job, True
+    for attempt in range(3):
+        try:
+            return _enqueue_keyed(req, db, now)
+        except OperationalError as exc:
+            # Concurrent enqueues of one key can deadlock on MariaDB's unique index; the
+            # database rolled this one back whole, so outside a caller's transaction it
+            # simply goes again (inside one, the caller's transaction is gone: raise).
+            connection = connections[db]
+            if attempt == 2 or connection.in_atomic_block or not engines.of(connection).deadlocked(exc):
+                raise
+
+
+def _enqueue_keyed(req, db, now):
+    """enqueue() of a job with an idempotency key (and no debounce, unique or ordering key)."""
     with transaction.atomic(using=db):
         stale = None
         if req.idempotency_key is not None:

@@ -118,6 +118,11 @@ class Engine:
         """What this database's own settings would have fixed: [(problem, fix)] (manage.py doctor)."""
         return []
 
+    def deadlocked(self, exc):
+        """Whether ``exc`` (a Django DatabaseError) is the database ending this transaction
+        to break a deadlock: nothing of it was written, and running it again may succeed."""
+        return False
+
     def plan(self, sql, params):
         """The planner's plan for ``sql`` as text that names each index it uses (EXPLAIN:
         nothing runs)."""

@@ -319,6 +319,11 @@ class MariadbEngine(Engine):
                 rows.insert_events(connection, self._completed_events(done, held, event))
         return held
 
+    def deadlocked(self, exc):
+        # ER_LOCK_DEADLOCK: InnoDB rolled the whole transaction back. Concurrent inserts
+        # of one unique key can meet this way (each waits on the others' shared locks).
+        return bool(exc.args) and exc.args[0] == 1213
+
     def wake_up(self):
         # MariaDB has neither NOTIFY nor a data version, so the supervisor's watch reads
         # the newest event id every MARIADB_WAKE_INTERVAL (wake_version) and, when it

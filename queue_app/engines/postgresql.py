@@ -123,6 +123,9 @@ class PostgresEngine(Engine):
             )
             return values, [cursor.fetchone()[0]]
 
+    def deadlocked(self, exc):
+        return getattr(exc.__cause__, "sqlstate", None) == "40P01"  # deadlock_detected
+
     def notify(self, queues):
         # NOTIFY inside the enqueuing transaction is delivered by PostgreSQL only when that
         # transaction (or the caller's outer one) commits, and dropped on rollback: the same
