@@ -18,6 +18,28 @@ def _sqlite_us(expr):
     return f"(CAST(strftime('%%s', {expr}) AS INTEGER) * 1000000 + CAST(substr({expr} || '.000000', 21, 6) AS INTEGER))"
 
 
+# The distinct priorities of the pending jobs, highest first, one index seek each: the
+# levels both claims seek their candidates in.
+_LEVELS = f"""levels(p) AS (
+        SELECT (SELECT priority FROM {TABLE} INDEXED BY jq_ready_prio
+                WHERE state = 'pending' ORDER BY priority DESC LIMIT 1)
+        UNION ALL
+        SELECT (SELECT k.priority FROM {TABLE} k INDEXED BY jq_ready_prio
+                WHERE k.state = 'pending' AND k.priority < levels.p
+                ORDER BY k.priority DESC LIMIT 1)
+        FROM levels WHERE levels.p IS NOT NULL
+    )"""
+
+
+def _effective(alias, now_db, aging_us):
+    """The effective priority of ``alias``'s job (ordering.py: one level per aging
+    interval waited), as SQL and its parameters; the priority alone without aging."""
+    if not aging_us:
+        return f"{alias}.priority", []
+    run_at = _sqlite_us(f"{alias}.run_at")
+    return f"{alias}.priority + (({_sqlite_us('%s')} - {run_at}) / %s)", [now_db, now_db, aging_us]
+
+
 class SqliteEngine(Engine):
     vendor = "sqlite"
 
@@ -94,21 +116,9 @@ class SqliteEngine(Engine):
                 kind_cond += f" AND {excluding(f'k.{column}', f'k.{column} NOT IN ({marks(names)})')}"
                 inner.extend(names)
         inner.append(leasing.scan(limit))
-        if aging_us:
-            eff = f"j.priority + (({_sqlite_us('%s')} - {_sqlite_us('j.run_at')}) / %s)"
-            eff_params = [now_db, now_db, aging_us]
-        else:
-            eff, eff_params = "j.priority", []
+        eff, eff_params = _effective("j", now_db, aging_us)
         sql = f"""
-    WITH RECURSIVE levels(p) AS (
-        SELECT (SELECT priority FROM {TABLE} INDEXED BY jq_ready_prio
-                WHERE state = 'pending' ORDER BY priority DESC LIMIT 1)
-        UNION ALL
-        SELECT (SELECT k.priority FROM {TABLE} k INDEXED BY jq_ready_prio
-                WHERE k.state = 'pending' AND k.priority < levels.p
-                ORDER BY k.priority DESC LIMIT 1)
-        FROM levels WHERE levels.p IS NOT NULL
-    )
+    WITH RECURSIVE {_LEVELS}
     UPDATE {TABLE} SET {SET}
     WHERE {"NOT " + GATED + " AND" if unless_gated else ""} id IN (
         SELECT j.id FROM {TABLE} j
@@ -180,24 +190,12 @@ class SqliteEngine(Engine):
         if exclude_queues:
             cond += f" AND k2.queue_name NOT IN ({marks(exclude_queues)})"
             cond_params.extend(sorted(exclude_queues))
-        if aging_us:
-            eff = f"k.priority + (({_sqlite_us('%s')} - {_sqlite_us('k.run_at')}) / %s)"
-            eff_params = [now_db, now_db, aging_us]
-        else:
-            eff, eff_params = "k.priority", []
+        eff, eff_params = _effective("k", now_db, aging_us)
         weights = list(weights or [1] * len(tenants))
         turns = ", ".join(["(%s, %s, %s)"] * len(tenants))
         turn_params = [v for turn, (key, w) in enumerate(zip(tenants, weights), 1) for v in (key, turn, w)]
         sql = f"""
-    WITH RECURSIVE levels(p) AS (
-        SELECT (SELECT priority FROM {TABLE} INDEXED BY jq_ready_prio
-                WHERE state = 'pending' ORDER BY priority DESC LIMIT 1)
-        UNION ALL
-        SELECT (SELECT k.priority FROM {TABLE} k INDEXED BY jq_ready_prio
-                WHERE k.state = 'pending' AND k.priority < levels.p
-                ORDER BY k.priority DESC LIMIT 1)
-        FROM levels WHERE levels.p IS NOT NULL
-    ),
+    WITH RECURSIVE {_LEVELS},
     tenants(key, turn, weight) AS (VALUES {turns}),
     candidates AS (
         SELECT k.id, tenants.turn, tenants.weight,
