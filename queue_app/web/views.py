@@ -264,37 +264,42 @@ def workers(request):
     return _page(request, "workers.html", {"nav": "workers", "workers": dashboard.workers()})
 
 
-@require_http_methods(["GET", "POST"])
-@_perm("queue_app.change_worker")
-def worker_stop(request, worker_id):
-    if request.method == "GET":  # the confirmation page; the POST from it stops
+def _ask_worker(request, worker_id, template, ask, asked, refused):
+    """GET: the confirmation page for one running worker; POST (from it): ``ask`` it."""
+    if request.method == "GET":
         worker = reads.worker_rows(include_stopped=False, ids=[worker_id])
         if not worker:
             messages.error(request, "That worker is not running.")
             return redirect("queue_app_dashboard:workers")
-        return _page(request, "worker_stop.html", {"nav": "workers", "worker": worker[0]}, live=False)
-    n = operations.request_stop([worker_id])
-    messages.success(
-        request, "Stop requested." if n else "That worker is not running or was already told to stop."
-    )
+        return _page(request, template, {"nav": "workers", "worker": worker[0]}, live=False)
+    messages.success(request, asked if ask([worker_id]) else refused)
     return redirect(reverse("queue_app_dashboard:workers"))
+
+
+@require_http_methods(["GET", "POST"])
+@_perm("queue_app.change_worker")
+def worker_stop(request, worker_id):
+    return _ask_worker(
+        request,
+        worker_id,
+        "worker_stop.html",
+        operations.request_stop,
+        "Stop requested.",
+        "That worker is not running or was already told to stop.",
+    )
 
 
 @require_http_methods(["GET", "POST"])
 @_perm("queue_app.change_worker")
 def worker_quiet(request, worker_id):
-    if request.method == "GET":  # the confirmation page; the POST from it quiets
-        worker = reads.worker_rows(include_stopped=False, ids=[worker_id])
-        if not worker:
-            messages.error(request, "That worker is not running.")
-            return redirect("queue_app_dashboard:workers")
-        return _page(request, "worker_quiet.html", {"nav": "workers", "worker": worker[0]}, live=False)
-    n = operations.request_quiet([worker_id])
-    messages.success(
+    return _ask_worker(
         request,
-        "Quiet requested." if n else "That worker is not running, or was already told to go quiet or stop.",
+        worker_id,
+        "worker_quiet.html",
+        operations.request_quiet,
+        "Quiet requested.",
+        "That worker is not running, or was already told to go quiet or stop.",
     )
-    return redirect(reverse("queue_app_dashboard:workers"))
 
 
 @_perm("queue_app.view_job")
