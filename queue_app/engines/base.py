@@ -13,7 +13,6 @@ engine learns a value only from the statement (a new job's id, the attempt a cla
 started), the caller leaves it None and the engine fills it in.
 """
 
-import json
 from collections import Counter
 from dataclasses import dataclass
 from functools import reduce
@@ -87,9 +86,13 @@ class Fence:
     @classmethod
     def joined(cls, table, pairs_alias):
         """SQL: the fence over ``table`` joined to a relation ``pairs_alias``(id, attempt)
-        of the pairs (a VALUES list); its one parameter is the owner."""
+        of the pairs (a VALUES list); its one parameter is the owner. It keeps the planner
+        off the indexes on state (``state || ''`` matches no index), so that it
+        seeks each pair's id: planning by the state index, SQLite (always) and PostgreSQL
+        (with statistics from before a burst of leases) read every leased row of every worker."""
         t, v = table, pairs_alias
-        return f"{t}.id = {v}.id AND {t}.attempts = {v}.attempt AND {cls.leased_to(f'{t}.')}"
+        leased = cls.leased_to(f"{t}.").replace(f"{t}.state = ", f"({t}.state || '') = ")
+        return f"{t}.id = {v}.id AND {t}.attempts = {v}.attempt AND {leased}"
 
 
 @dataclass(frozen=True)
@@ -435,14 +438,6 @@ class Engine:
         ]
 
 
-def by_result(done):
-    """Group ``done`` [(job_id, attempt, result, meta)] by result: {json: (result, [(id, attempt)])}."""
-    results = {}
-    for job_id, attempt, result, _ in done:
-        results.setdefault(json.dumps(result, sort_keys=True), (result, []))[1].append((job_id, attempt))
-    return results
-
-
 # A KindLimit row that limits its kind (a row with every limit cleared and fair off does not).
 LIMITED = "concurrency IS NOT NULL OR rate_limit IS NOT NULL OR per_key IS NOT NULL OR fair = TRUE"
 # SQL, true when a claim must go the long way (claim_gates(), flow.py): something is
@@ -470,4 +465,10 @@ def ended_channel():
 
 # A job a completion can settle in one statement: nothing to enqueue after it, and no
 # group or dependent to tell (in_workflow: core/workflows.py).
-NO_FOLLOW_UP = "on_success IS NULL AND webhook_url IS NULL AND in_workflow IS NULL"
+def no_follow_up(table=None):
+    """NO_FOLLOW_UP with its columns qualified by ``table`` (for a statement that joins)."""
+    p = f"{table}." if table else ""
+    return f"{p}on_success IS NULL AND {p}webhook_url IS NULL AND {p}in_workflow IS NULL"
+
+
+NO_FOLLOW_UP = no_follow_up()

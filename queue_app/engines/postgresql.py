@@ -15,11 +15,11 @@ from queue_app.engines.base import (
     EVENT_JOB,
     EVENT_METADATA,
     GATED,
-    NO_FOLLOW_UP,
     Engine,
     Fence,
     WakeUp,
     ended_channel,
+    no_follow_up,
 )
 from queue_app.engines.leasing import SET, TABLE, excluding
 
@@ -366,11 +366,6 @@ class PostgresEngine(Engine):
             event, {EVENT_JOB: "id", EVENT_ATTEMPT: "attempts", EVENT_METADATA: "COALESCE(meta::jsonb, %s)"}
         )
         t = rows.JOB_TABLE
-        no_follow_up = (
-            NO_FOLLOW_UP.replace("on_success", f"{t}.on_success")
-            .replace("webhook_url", f"{t}.webhook_url")
-            .replace("in_workflow", f"{t}.in_workflow")
-        )
         # wait() callers hear of these ends on commit (notify_ended's payload), from the
         # same statement; a SELECT in a CTE runs only if used, hence the join.
         channel = ended_channel()
@@ -388,7 +383,7 @@ class PostgresEngine(Engine):
         ),
         done AS (
             UPDATE {t} SET {COMPLETED_SET.replace("result = %s", "result = v.result::jsonb")}
-            FROM v WHERE {Fence.joined(t, "v")} AND {no_follow_up}
+            FROM v WHERE {Fence.joined(t, "v")} AND {no_follow_up(t)}
             RETURNING {t}.id, {t}.attempts, v.meta
         ),
         logged AS (INSERT INTO {rows.EVENT_TABLE} ({rows.EVENT_COLUMNS}) SELECT {select} FROM done){told}

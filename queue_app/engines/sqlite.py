@@ -3,12 +3,20 @@ every transaction IMMEDIATE), so no row locks are needed and none are taken; UPD
 RETURNING gives back what a write changed; the supervisor watches PRAGMA data_version."""
 
 import ctypes
+import json
 import os
 import select
 
 from queue_app.conf import settings
 from queue_app.engines import leasing, rows
-from queue_app.engines.base import COMPLETED_SET, GATED, NO_FOLLOW_UP, Engine, Fence, WakeUp, by_result
+from queue_app.engines.base import (
+    COMPLETED_SET,
+    GATED,
+    Engine,
+    Fence,
+    WakeUp,
+    no_follow_up,
+)
 from queue_app.engines.leasing import SET, TABLE, excluding, marks
 
 
@@ -38,6 +46,18 @@ def _effective(alias, now_db, aging_us):
         return f"{alias}.priority", []
     run_at = _sqlite_us(f"{alias}.run_at")
     return f"{alias}.priority + (({_sqlite_us('%s')} - {run_at}) / %s)", [now_db, now_db, aging_us]
+
+
+# The batch's completion (complete_plain). UPDATE ... FROM needs SQLite 3.33, which every
+# library with RETURNING (3.35, the claim's) has.
+_T = TABLE
+_COMPLETE_FROM = f"""
+    UPDATE {_T} SET {COMPLETED_SET.replace("result = %s", "result = v.result")}
+    FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS attempt,
+                 json_extract(value, '$[2]') AS result FROM json_each(%s)) AS v
+    WHERE {Fence.joined(_T, "v")} AND {no_follow_up(_T)}
+    RETURNING {_T}.id
+"""
 
 
 class SqliteEngine(Engine):
@@ -230,18 +250,18 @@ class SqliteEngine(Engine):
         return found
 
     def complete_plain(self, done, owner, at_db, event):
-        # UPDATE ... RETURNING tells which rows the fence let through: no lock, no read first.
+        # One UPDATE ... FROM for the whole batch: the (id, attempt, result) triples ride in
+        # one JSON parameter (json_each), so the statement text is the same at any batch size
+        # and SQLite prepares it once; RETURNING tells which rows the fence let through (no
+        # lock, no read first). A statement per distinct result, as it was, cost a worker
+        # a sixth of its CPU when the results differ, as they usually do.
         connection = self.connection
-        held = set()
+        triples = json.dumps(
+            [[job_id, attempt, rows.json_value(connection, result)] for job_id, attempt, result, _ in done]
+        )
         with self.atomic(), connection.cursor() as cursor:
-            # One UPDATE per distinct result: no-op jobs (all None) settle in a single statement.
-            for result, pairs in by_result(done).values():
-                fence, fence_params = Fence(owner, pairs).sql(also=NO_FOLLOW_UP)
-                cursor.execute(
-                    f"UPDATE {rows.JOB_TABLE} SET {COMPLETED_SET} WHERE {fence} RETURNING id",
-                    [at_db, rows.json_value(connection, result)] + fence_params,
-                )
-                held.update(row[0] for row in cursor.fetchall())
+            cursor.execute(_COMPLETE_FROM, [at_db, triples, owner])
+            held = {row[0] for row in cursor.fetchall()}
             if held:
                 rows.insert_events(connection, self._completed_events(done, held, event))
         return held

@@ -157,3 +157,39 @@ def test_a_fair_claim_seeks_the_tenant_index_and_never_scans_the_job_table():
     # Each tenant's seek reads the index in order: a sort under it would read the
     # tenant's whole level (PostgreSQL sorts the keyless one unless told the full order).
     assert not re.search(r"Sort Key: j_\d+\.run_at", "\n".join(plans)), "\n".join(plans)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batched_completion_seeks_each_job_by_id():
+    # Many jobs leased to other workers: a completion that found its rows through the
+    # state index would read all of them for each job it settles (SQLite's planner took
+    # that path for UPDATE ... FROM until told otherwise).
+    now = _seed_analyzed([{"kind": "echo"} for _ in range(3000)])
+    transitions.claim("others", limit=1000, now=now + timedelta(seconds=1))
+    transitions.claim("others", limit=1000, now=now + timedelta(seconds=1))
+    mine = transitions.claim("w", limit=10, now=now + timedelta(seconds=1))
+    captured = []
+
+    def capture(execute, sql, params, many, context):
+        if sql.lstrip().upper().startswith(("UPDATE", "WITH")) and "queue_app_job" in sql:
+            captured.append((sql, params))
+        return execute(sql, params, many, context)
+
+    with transaction.atomic():
+        with connection.execute_wrapper(capture):
+            done = transitions.complete_many(
+                [(job.id, job.attempts, {"n": i}) for i, job in enumerate(mine)], worker_id="w"
+            )
+        assert done == {job.id for job in mine}
+        plans = _plans(captured)
+        transaction.set_rollback(True)
+    assert len(captured) == 1, [sql for sql, _ in captured]  # one statement for the batch
+    text = "\n".join(plans)
+    if connection.vendor == "postgresql":
+        assert "queue_app_job_pkey" in text and "Seq Scan on queue_app_job" not in text, text
+    elif connection.vendor == "mysql":
+        job_rows = [line for line in plans if "'queue_app_job'" in line]
+        assert job_rows and all("'key': 'PRIMARY'" in line for line in job_rows), text
+    else:
+        assert "SEARCH queue_app_job USING INTEGER PRIMARY KEY" in text, text
+        assert "jq_job_state" not in text, text
