@@ -34,10 +34,18 @@ def spin(payload):
 
 
 def mark(payload):
-    """Append a line to ``path`` (one line per run), then sleep ``seconds``."""
-    with open(payload["path"], "a") as f:
+    """Append a line to ``path`` (one line per run), then sleep ``seconds``; with
+    ``until_lines``, only until the file has that many lines (runs that meet)."""
+    path = payload["path"]
+    with open(path, "a") as f:
         f.write(f"{os.getpid()}\n")
-    time.sleep(payload.get("seconds", 0))
+    seconds, until = payload.get("seconds", 0), payload.get("until_lines")
+    if until is None:
+        time.sleep(seconds)
+        return "marked"
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and len(Path(path).read_text().split()) < until:
+        time.sleep(0.02)
     return "marked"
 
 

@@ -202,10 +202,14 @@ def test_a_child_that_claims_a_full_batch_wakes_another_idle_child(tmp_path):
         wait_for(lambda: Worker.objects.filter(state=WorkerState.RUNNING).exists(), what="the worker")
         time.sleep(0.5)  # the children's first claims found nothing: they wait
         # One enqueue, one notification, three jobs: batch 1 takes one each.
-        jobs = bulk_enqueue([{"kind": "mark", "payload": {"path": str(tmp_path / "m"), "seconds": 1}}] * 3)
+        # Each job holds its child until all three have started (or 25 s): run one after
+        # another by the one child woken, they would take 75 s; side by side, a moment,
+        # however slowly a loaded machine wakes the other two.
+        mark = {"path": str(tmp_path / "m"), "seconds": 25, "until_lines": 3}
+        jobs = bulk_enqueue([{"kind": "mark", "payload": mark}] * 3)
         wait_for(
             lambda: Job.objects.filter(id__in=[j.id for j in jobs], state=State.COMPLETED).count() == 3,
-            timeout=20,
+            timeout=40,
             what="the three jobs, long before the 60 s poll",
         )
     finally:

@@ -180,7 +180,8 @@ def free_port():
 def http_get(port, path):
     """(status, body) of GET http://127.0.0.1:port/path; (None, error) if nothing answers."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+        # A loaded machine took more than 5 s over a server's first page (CI, PostgreSQL).
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as r:
             return r.status, r.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
