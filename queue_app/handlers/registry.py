@@ -170,7 +170,8 @@ def task_for(kind):
             _allowed_kinds.clear()
         _allowed_kinds.add(kind)
     try:
-        module = importlib.import_module(module_path)
+        # import_module() of a module already imported still costs a few microseconds a job.
+        module = sys.modules.get(module_path) or importlib.import_module(module_path)
     except (Exception, SystemExit) as exc:
         # Whatever the module's top-level code raises fails the attempt (the kind is
         # unknown here) instead of escaping into the worker; SystemExit would end its thread.
