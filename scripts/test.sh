@@ -69,7 +69,9 @@ export JOBQUEUE_SHELL_TEST_JOBS="${JOBQUEUE_SHELL_TEST_JOBS:-20000}"
 run_suite() {  # run_suite <name>: one pytest run, its log, exit code and JUnit file in $OUT
     local db="$1"; shift
     local jobs="$JOBQUEUE_SHELL_TEST_JOBS"; [ "$db" = sqlite-django60 ] && jobs=2000
+    local properties=0; [ "$db" = sqlite-django60 ] && properties=1
     DATABASE_URL="${URLS[$db]}" SQLITE_TEST_NAME="$PWD/$OUT/test_$db.db" JOBQUEUE_SHELL_TEST_JOBS="$jobs" \
+        JOBQUEUE_TEST_SKIP_PROPERTIES="$properties" \
         "${PYS[$db]:-$PY}" -m pytest -p no:cacheprovider --junitxml="$OUT/$db.xml" \
         -o junit_suite_name="$db" "$@" >"$OUT/$db.log" 2>&1
     echo $? >"$OUT/$db.rc"
@@ -78,8 +80,9 @@ run_suite() {  # run_suite <name>: one pytest run, its log, exit code and JUnit 
 # The databases in parallel; the Django 6.0 repeat once the first of them ends (four
 # suites at once took no less time, and the timing-sensitive worker tests got flaky).
 # The repeat is there to catch a 6.1-only API, so it leaves out what exercises our own
-# processes rather than Django's API (the worker-process, browser and chaos tests, and
-# the slow ones): those run, on every database, under the Django the project pins.
+# processes and rules rather than Django's API (the worker-process, browser and chaos
+# tests, the slow ones, and the hypothesis ones: JOBQUEUE_TEST_SKIP_PROPERTIES): those
+# run, on every database, under the Django the project pins.
 DJANGO60_SKIP=(--ignore=tests/worker --ignore=tests/browser --ignore=tests/chaos -m "not slow")
 pids=()
 for db in "${!URLS[@]}"; do
