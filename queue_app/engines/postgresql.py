@@ -23,6 +23,28 @@ from queue_app.engines.base import (
 )
 from queue_app.engines.leasing import SET, TABLE, excluding
 
+# The distinct priorities of the pending jobs, highest first, one index seek each (a
+# recursive "loose index scan"): the levels both claims seek their candidates in.
+_LEVELS = f"""levels(p) AS (
+        (SELECT priority FROM {TABLE} WHERE state = 'pending' ORDER BY priority DESC LIMIT 1)
+        UNION ALL
+        SELECT (SELECT j.priority FROM {TABLE} j
+                WHERE j.state = 'pending' AND j.priority < l.p
+                ORDER BY j.priority DESC LIMIT 1)
+        FROM levels l WHERE l.p IS NOT NULL
+    )"""
+
+
+def _effective(alias, now, aging_us):
+    """The effective priority of ``alias``'s job (ordering.py: one level per aging
+    interval waited), as SQL and its parameters; the priority alone without aging."""
+    if not aging_us:
+        return f"{alias}.priority", []
+    return (
+        f"{alias}.priority + ((extract(epoch FROM (%s::timestamptz - {alias}.run_at)) * 1000000)::bigint / %s::bigint)",
+        [now, aging_us],
+    )
+
 
 class PostgresEngine(Engine):
     vendor = "postgresql"
@@ -189,11 +211,7 @@ class PostgresEngine(Engine):
                 kind_cond += f" AND {excluding(f'j.{column}', f'NOT (j.{column} = ANY(%s::text[]))')}"
                 lateral_params.append(names)
         lateral_params.append(leasing.scan(limit))
-        if aging_us:
-            eff = "j.priority + ((extract(epoch FROM (%s::timestamptz - j.run_at)) * 1000000)::bigint / %s::bigint)"
-            eff_params = [now, aging_us]
-        else:
-            eff, eff_params = "j.priority", []
+        eff, eff_params = _effective("j", now, aging_us)
         select, event_params = rows.event_select(event, {EVENT_JOB: "id", EVENT_ATTEMPT: "attempts"})
         gate, gate_cond, result = "", "", "SELECT * FROM leased"
         if unless_gated:
@@ -201,14 +219,7 @@ class PostgresEngine(Engine):
             gate_cond = "AND NOT (SELECT closed FROM gate)"
             result = "SELECT gate.closed, leased.* FROM gate LEFT JOIN leased ON true"
         sql = f"""
-    WITH RECURSIVE {gate} levels(p) AS (
-        (SELECT priority FROM {TABLE} WHERE state = 'pending' ORDER BY priority DESC LIMIT 1)
-        UNION ALL
-        SELECT (SELECT j.priority FROM {TABLE} j
-                WHERE j.state = 'pending' AND j.priority < l.p
-                ORDER BY j.priority DESC LIMIT 1)
-        FROM levels l WHERE l.p IS NOT NULL
-    ),
+    WITH RECURSIVE {gate} {_LEVELS},
     candidates AS MATERIALIZED (
         SELECT c.id FROM levels l {queue_join}
         CROSS JOIN LATERAL (
@@ -289,21 +300,10 @@ class PostgresEngine(Engine):
         seek_params = [kind, now, *cond_params, self.fair_scan(limit, weights)]
         keyed = seek.format(tenant="t.key IS NOT NULL AND j.concurrency_key = t.key")
         keyless = seek.format(tenant="t.key IS NULL AND j.concurrency_key IS NULL")
-        if aging_us:
-            eff = "c.priority + ((extract(epoch FROM (%s::timestamptz - c.run_at)) * 1000000)::bigint / %s::bigint)"
-            eff_params = [now, aging_us]
-        else:
-            eff, eff_params = "c.priority", []
+        eff, eff_params = _effective("c", now, aging_us)
         select, event_params = rows.event_select(event, {EVENT_JOB: "id", EVENT_ATTEMPT: "attempts"})
         sql = f"""
-    WITH RECURSIVE levels(p) AS (
-        (SELECT priority FROM {TABLE} WHERE state = 'pending' ORDER BY priority DESC LIMIT 1)
-        UNION ALL
-        SELECT (SELECT j.priority FROM {TABLE} j
-                WHERE j.state = 'pending' AND j.priority < l.p
-                ORDER BY j.priority DESC LIMIT 1)
-        FROM levels l WHERE l.p IS NOT NULL
-    ),
+    WITH RECURSIVE {_LEVELS},
     tenants AS (SELECT * FROM unnest(%s::text[], %s::integer[]) WITH ORDINALITY AS t(key, weight, turn)),
     candidates AS MATERIALIZED (
         SELECT c.id, t.turn, t.weight,
