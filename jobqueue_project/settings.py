@@ -3,6 +3,7 @@
 DATABASE_URL picks the store: sqlite:///queue.db (default), postgres://..., mysql://...
 """
 
+import logging
 from pathlib import Path
 
 import environ
@@ -225,6 +226,14 @@ JOBQUEUE = {
 LOG_FORMAT = env("LOG_FORMAT", default="plain")
 if LOG_FORMAT not in ("plain", "json"):
     raise ImproperlyConfigured(f"LOG_FORMAT must be plain or json, not {LOG_FORMAT!r}")
+JOBQUEUE_LOG_LEVEL = env("JOBQUEUE_LOG_LEVEL", default="INFO").upper()
+
+
+def _at_least_warning(level):
+    """``level`` (a logging level's name), or WARNING where that is lower."""
+    return level if logging.getLevelNamesMapping().get(level, 0) >= logging.WARNING else "WARNING"
+
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -239,11 +248,12 @@ LOGGING = {
     },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT, "filters": ["job"]}},
     "loggers": {
-        "queue_app": {"handlers": ["console"], "level": env("JOBQUEUE_LOG_LEVEL", default="INFO")},
-        # Django's own receivers log each task's start and end at INFO (to Django's
-        # handlers, as before); at a quieter worker level they are skipped before a record
-        # is made, as ours are: a third of what a no-op @task job cost beyond a native one.
-        "django.tasks": {"level": env("JOBQUEUE_LOG_LEVEL", default="INFO")},
+        "queue_app": {"handlers": ["console"], "level": JOBQUEUE_LOG_LEVEL},
+        # Django's own receivers log each task's start and end at INFO to Django's
+        # handlers, which print INFO only with DEBUG on (require_debug_true). Below that
+        # level no record is made, as for ours: made and dropped, they were a third of what
+        # a no-op @task job cost a worker beyond a native one (benchmarks/task_overhead.py).
+        "django.tasks": {"level": JOBQUEUE_LOG_LEVEL if DEBUG else _at_least_warning(JOBQUEUE_LOG_LEVEL)},
         # With DEBUG off Django mails 500s to ADMINS (none here): log their tracebacks instead.
         "django.request": {"handlers": ["console"], "level": "ERROR", "propagate": False},
     },

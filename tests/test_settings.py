@@ -42,3 +42,26 @@ def test_an_unknown_sqlite_synchronous_value_stops_start_up_with_a_clear_message
     assert bad.returncode != 0
     assert "SQLITE_SYNCHRONOUS must be NORMAL, FULL or EXTRA, not 'OFF'" in bad.stderr
     assert not (tmp_path / "settings.db").exists()
+
+
+SHOW_TASK_LOGGING = (
+    "import logging;"
+    "print(logging.getLogger('django.tasks').isEnabledFor(logging.INFO),"
+    " logging.getLogger('queue_app').isEnabledFor(logging.INFO))"
+)
+
+
+def test_djangos_task_lines_are_made_only_where_djangos_handlers_print_them(tmp_path):
+    # Django's handlers print its INFO lines only with DEBUG on: off, none is made.
+    quiet = manage_shell(tmp_path, SHOW_TASK_LOGGING, DEBUG="0", SECRET_KEY="k" * 50)
+    assert quiet.returncode == 0, quiet.stderr
+    assert quiet.stdout.split() == ["False", "True"]
+    debug = manage_shell(tmp_path, SHOW_TASK_LOGGING, DEBUG="1", SECRET_KEY="k" * 50)
+    assert debug.returncode == 0, debug.stderr
+    assert debug.stdout.split() == ["True", "True"]
+    # A level name in any case; ERROR keeps both at ERROR.
+    error = manage_shell(
+        tmp_path, SHOW_TASK_LOGGING, DEBUG="1", JOBQUEUE_LOG_LEVEL="error", SECRET_KEY="k" * 50
+    )
+    assert error.returncode == 0, error.stderr
+    assert error.stdout.split() == ["False", "False"]
