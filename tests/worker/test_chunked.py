@@ -19,6 +19,7 @@ from queue_app.handlers import registry
 from queue_app.models import DeadLetter, Event, EventType, Job, State
 from queue_app.worker import execution
 from queue_app.worker import loop as worker
+from queue_app.worker.slots import Slots
 from tests.support import event_types
 from tests.worker_support import join, run_worker, start_worker, stop, wait_for
 
@@ -233,6 +234,39 @@ def test_a_chunked_task_gets_its_jobs_task_results_and_each_finishes_on_its_own(
         r.refresh()
     assert [r.return_value for r in (results[0], results[2])] == ["A@X", "C@X"]
     assert results[1].errors[0].exception_class_path.endswith("Bounced")
+
+
+def test_a_job_of_a_chunked_task_run_on_its_own_is_a_chunk_of_one():
+    result = send_all.enqueue(to="b@x")
+    (job,) = transitions.claim("w/0.1", limit=1)
+
+    assert execution.execute(job, "w/0.1") == "completed"
+
+    result.refresh()
+    assert result.return_value == "B@X"
+
+
+def test_slots_show_a_chunks_members_running_under_its_first_jobs_start_and_timeout():
+    slots = Slots(threads=2, acks=4, buffered=4, chunk=2)
+    slots.start(0, 7, 1, 0)
+    slots.start_chunk(1, [(10, 1), (11, 2), (12, 1)], 5.0)
+
+    running = {job_id: (attempt, timeout) for job_id, attempt, _, timeout in slots.running()}
+    assert running == {7: (1, 0.0), 10: (1, 5.0), 11: (2, 5.0), 12: (1, 5.0)}
+    assert slots.companions(11) == [(10, 1), (11, 2), (12, 1)] and slots.companions(7) == [(7, 1)]
+    assert slots.held() == {7: 1, 10: 1, 11: 2, 12: 1}
+    # An abort lands on the member's own cell, read by its own probe only.
+    assert slots.request_abort(12)
+    assert [slots.chunk_abort_requested(1, k, job_id) for k, job_id in enumerate([10, 11, 12])] == [
+        False,
+        False,
+        True,
+    ]
+    assert slots.buffered() == []  # the chunk cells are not the buffer's
+
+    slots.clear_chunk(1)
+    assert [job_id for job_id, *_ in slots.running()] == [7]
+    assert not slots.is_running(11)
 
 
 def test_chunk_options_are_checked_where_they_are_written():
