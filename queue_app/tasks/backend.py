@@ -31,6 +31,11 @@ sets ``backoff_function``). They are code, not job fields: the worker reads them
 the task its job's kind names, so they belong to the task's definition (``@task(...)``
 or ``with_options``), and ``.using()`` keeps them but cannot set them.
 
+``chunk=N`` (and ``chunk_wait_ms=M``) makes it a chunked task: the worker calls its
+function with up to N of its jobs' TaskResults at once (each with ``.id``, ``.args``,
+``.kwargs``) and it returns one outcome per job (handlers/registry.py chunk_outcomes()).
+Like the retry options it belongs to the definition; it cannot take a context.
+
 ``encrypt=True`` stores the task's arguments encrypted, ``encrypt=("card",)`` the
 arguments of those parameters, by keyword or position (core/encryption.py); like the
 retry options it belongs to the definition.
@@ -85,6 +90,8 @@ EXTRA_FIELDS = (
     *validation.ADMISSION_FIELDS,
     "encrypt",
     *validation.ORDERING_FIELDS,
+    "chunk",
+    "chunk_wait_ms",
 )
 # A follow-up Task's own options that go into its template (not idempotency_key: one
 # key would make every follow-up after the first return the first; not unique_for).
@@ -193,6 +200,10 @@ class QueueTask(Task):
     # Ordered keys (validation.ORDERING_FIELDS): one at a time per key, in enqueue order.
     ordering_key: str | None = None
     ordering_blocks: bool | None = None
+    # Up to this many jobs per call of the function, which gets their TaskResults; the
+    # worker waits up to chunk_wait_ms for that many (None: one job per call).
+    chunk: int | None = None
+    chunk_wait_ms: float = 0
     # ``@task(backoff=3)`` or ``backoff={"base": 3, "max": 600}``: sets the backoff_*
     # fields; ``backoff=function``: sets backoff_function.
     backoff: InitVar[float | dict | Callable | None] = None
@@ -208,6 +219,11 @@ class QueueTask(Task):
         object.__setattr__(self, "discard_on", policy.discard_on)
         spec = encryption.spec_of(self.encrypt, f"{self.module_path}: encrypt")
         object.__setattr__(self, "encrypt", () if spec is None else spec)
+        if registry.chunking_of(self.chunk, self.chunk_wait_ms, self.module_path) and self.takes_context:
+            raise TypeError(
+                f"{self.module_path}: a chunked task cannot take a context (its function gets "
+                "the TaskResults of its chunk's jobs, each with its own id, args and kwargs)"
+            )
         Task.__post_init__(self)
 
     def using(

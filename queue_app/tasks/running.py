@@ -89,7 +89,10 @@ def run(job, task, *, aside=contextlib.nullcontext):
     with aside():
         task_started.send(sender=sender, task_result=result)
     job._task_started = (task, alias, sender, result)
-    if task.takes_context:
+    if getattr(task, "chunk", None):
+        # A chunked task's job run on its own (execution.execute(), run_one()): a chunk of one.
+        value = registry.only(task.call([result]), job)
+    elif task.takes_context:
         # Django's TaskContext plus cancelled() / progress() / set_metadata().
         value = task.call(running.JobTaskContext(task_result=result), *args, **kwargs)
     else:
@@ -98,6 +101,34 @@ def run(job, task, *, aside=contextlib.nullcontext):
         return normalize_json(value)
     except TypeError as exc:
         # Django's own error for it (as its backends record it); not worth a retry.
+        raise UnstorableResult(exc) from exc
+
+
+def run_chunk(jobs, task, *, aside=contextlib.nullcontext):
+    """Run a chunked Task's claimed jobs in one call: task_started for each, then its
+    function with their TaskResults (RUNNING, in order); return what it returned.
+
+    Every TaskResult is read before any signal goes out, so a NotStarted (the database
+    away) leaves nothing half-started. task_finished goes out per job, as for run()."""
+    started = []
+    for job in jobs:
+        alias, sender = _backend_for(task, _db(job))
+        try:
+            started.append((job, alias, sender, results.running(job, task, alias)))
+        except (OperationalError, InterfaceError) as exc:
+            raise NotStarted(job.id, exc) from exc
+    for job, alias, sender, result in started:
+        with aside():
+            task_started.send(sender=sender, task_result=result)
+        job._task_started = (task, alias, sender, result)
+    return task.call([result for *_, result in started])
+
+
+def stored(value):
+    """A Task's return value as JSON stores it; UnstorableResult if it cannot be."""
+    try:
+        return normalize_json(value)
+    except TypeError as exc:
         raise UnstorableResult(exc) from exc
 
 

@@ -239,3 +239,124 @@ def run_one(*, worker_id=None, queues=None, kinds=None, using=None, **claim_opti
     execute(job, worker_id, using=using)
     job.refresh_from_db()
     return job
+
+
+# --- chunks: one handler call for several jobs of a chunked kind (registry.chunking) ------
+
+
+def execute_chunk(jobs, worker_id, *, abort_probes=None, using=None):
+    """Run claimed jobs of one chunked kind in one handler call and record each job's
+    outcome; return [(job, new state)] in order (state None: its lease was lost)."""
+    output = capture.Capture()
+    outcomes = attempt_chunk(jobs, worker_id, output, abort_probes=abort_probes)
+    return settle_chunk(jobs, outcomes, worker_id, output, using=using)
+
+
+def attempt_chunk(jobs, worker_id, output, *, abort_probes=None):
+    """Call the chunk handler of ``jobs`` (one kind) once with its output captured; return
+    each job's outcome in order: its result as it will be stored, or the exception its
+    attempt fails with (running.Aborted if its abort was requested meanwhile, whatever
+    the handler said of it). Raise NotStarted if the handler was never called.
+
+    A handler that raises fails every job with that error. No job is current_job()
+    inside the call: each has its own progress and abort, and the call is one."""
+    outcomes = [None] * len(jobs)
+    live = []
+    for n, job in enumerate(jobs):
+        if encryption.holds_tokens(job.payload):
+            try:
+                job.payload = encryption.unseal(job.payload)
+            except UndecryptablePayload as exc:
+                outcomes[n] = exc  # only this job: the others' payloads opened
+                continue
+        live.append(n)
+    members = [jobs[n] for n in live]
+    contexts = [
+        running.JobContext(
+            jobs[n], worker_id=worker_id, abort_probe=abort_probes[n] if abort_probes else None
+        )
+        for n in live
+    ]
+    task = False
+    try:
+        func = registry.chunk_handler(jobs[0].kind)
+        task = registry.is_task(func)
+        with output:
+            values = registry.chunk_outcomes(_call_chunk(func, members, task), members)
+    except NotStarted:
+        raise
+    except HANDLER_ERRORS as exc:
+        values = [exc] * len(members)
+    for n, ctx, value in zip(live, contexts, values, strict=True):
+        error = value if isinstance(value, BaseException) else None
+        try:
+            running.settle(ctx, error)
+        except running.Aborted as exc:
+            outcomes[n] = exc
+            continue
+        outcomes[n] = error if error is not None else _storable(value, task)
+    return outcomes
+
+
+def _call_chunk(func, jobs, task):
+    if task:
+        return task_running.run_chunk(jobs, func, aside=capture.Discard)
+    payloads = [job.payload for job in jobs]
+    value = func(payloads, jobs=jobs) if registry.wants_jobs(func) else func(payloads)
+    if inspect.isawaitable(value):
+        value = asyncio.run(_await(value))
+    return value
+
+
+def _storable(value, task):
+    """``value`` as the job's stored result, or the UnstorableResult its job fails with."""
+    try:
+        if task:
+            value = task_running.stored(value)
+        return validation.payload(value, "result")
+    except UnstorableResult as exc:
+        return exc
+    except ValueError as exc:
+        return UnstorableResult(exc)
+
+
+def settle_chunk(jobs, outcomes, worker_id, output, *, retrying=None, using=None):
+    """Record each outcome of a chunk (attempt_chunk()): the successes in one transaction
+    (complete_many), each failure on its own through settle_failure(), so it follows its
+    kind's retry policy; return [(job, new state)] in order. ``retrying(func, *args,
+    **kwargs)`` makes each write (the worker waits out a database outage with it)."""
+    call = retrying or (lambda func, *args, **kwargs: func(*args, **kwargs))
+    states = {}
+    done = [(job, value) for job, value in zip(jobs, outcomes) if not isinstance(value, BaseException)]
+    if done:
+        now = timezone.now()
+        text = output.value()
+        completed = call(
+            transitions.complete_many,
+            [(job.id, job.attempts, value, text) for job, value in done],
+            worker_id=worker_id,
+            now=now,
+            using=using,
+        )
+        acknowledged(done, completed, now, worker_id=worker_id)
+        for job, _ in done:
+            states[job.id] = "completed" if job.id in completed else None
+    # One exception may fail many jobs (a handler that raised): each is raised from the
+    # traceback it came with, so the one recorded does not grow a frame per job.
+    tracebacks = {}
+    for job, exc in zip(jobs, outcomes):
+        if not isinstance(exc, BaseException):
+            continue
+        tb = tracebacks.setdefault(id(exc), exc.__traceback__)
+        try:
+            raise exc.with_traceback(tb)
+        except BaseException as raised:  # what the handler said: recorded as its failure
+            states[job.id] = call(settle_failure, job, worker_id, raised, output, using=using)
+    return [(job, states[job.id]) for job in jobs]
+
+
+def chunk_timeout(jobs, default):
+    """The one deadline of a chunk's call: the longest of its jobs' timeouts (``default``
+    for a job with none); None, no deadline, if any job has none."""
+    timeouts = [job.timeout if job.timeout is not None else default for job in jobs]
+    return None if any(not t for t in timeouts) else max(timeouts)

@@ -9,6 +9,12 @@ per thread, the job it is running, its attempt and its deadline, and the finishe
 awaiting a batched acknowledgement. The supervisor reads it to kill a child whose job
 overran, and to settle what a child that died had in hand. Everything else goes
 through the database. How an idle child waits (poll, or LISTEN) is wakeup.py.
+
+Chunked kinds (registry.chunking): once per claimed batch, its jobs of such a kind are
+gathered into a Chunk (grouped()), which one thread runs in one handler call
+(_run_chunk), first claiming more of that kind if it holds fewer than the chunk's size,
+for up to its chunk_wait_ms (_fill). Each job still settles on its own. A batch with no
+chunked kind costs one look at its kinds; each job, one type check in _thread.
 """
 
 import ctypes
@@ -27,6 +33,7 @@ from django.utils import timezone
 from queue_app.conf import settings
 from queue_app.core import telemetry, transitions
 from queue_app.exceptions import NotStarted
+from queue_app.handlers import registry
 from queue_app.worker import capture, execution, outages
 from queue_app.worker.wakeup import Waiter
 
@@ -36,6 +43,8 @@ log = logging.getLogger("queue_app")
 ACK_DELAY = 0.05
 # Failed claims in a row after which a --burst worker gives up instead of retrying.
 BURST_CLAIM_RETRIES = 5
+# Seconds between the claims that fill a chunk while it waits (its chunk_wait_ms).
+CHUNK_FILL_POLL = 0.02
 
 
 @dataclass(frozen=True)
@@ -120,11 +129,64 @@ class Options:
 
 
 def run_once(options=None, *, worker_id=None):
-    """Claim one batch and run it here, in this process; return [(job_id, outcome)]."""
+    """Claim one batch and run it here, in this process; return [(job_id, outcome)].
+    The jobs of a chunked kind run in chunks of what the claim brought (no waiting)."""
     options = (options or Options()).resolved()
     worker_id = worker_id or f"{options.name}/0.0"
-    jobs = _claim(options, worker_id, options.batch)
-    return [(job.id, execution.execute(job, worker_id)) for job in jobs]
+    out = []
+    for item in grouped(_claim(options, worker_id, options.batch)):
+        if item.__class__ is Chunk:
+            out.extend((job.id, state) for job, state in execution.execute_chunk(item.jobs, worker_id))
+        else:
+            out.append((item.id, execution.execute(item, worker_id)))
+    return out
+
+
+class Chunk:
+    """Claimed jobs of one chunked kind, for one handler call."""
+
+    __slots__ = ("jobs", "kind", "since", "size", "wait")
+
+    def __init__(self, kind, chunking, size):
+        self.jobs = []
+        self.kind = kind
+        self.size = size  # the kind's chunk size, within the child's room for it
+        self.wait = chunking.wait_ms / 1000
+        self.since = time.monotonic()
+
+
+def grouped(jobs, *, room=None, plain=None):
+    """``jobs`` with those of a chunked kind gathered into Chunks of at most its size (and
+    ``room``), each where its first job was. ``plain``: a set of kinds known not to be
+    chunked, added to (a worker's cache: resolving a Task kind imports its module)."""
+    if plain is not None and all(job.kind in plain for job in jobs):
+        return jobs
+    chunkings = {}
+    for kind in {job.kind for job in jobs}:
+        if plain is not None and kind in plain:
+            continue
+        chunking = registry.chunking(kind)
+        if chunking is not None:
+            chunkings[kind] = chunking
+        elif plain is not None:
+            if len(plain) >= 1024:
+                plain.clear()
+            plain.add(kind)
+    if not chunkings:
+        return jobs
+    out, filling = [], {}
+    for job in jobs:
+        chunking = chunkings.get(job.kind)
+        if chunking is None:
+            out.append(job)
+            continue
+        chunk = filling.get(job.kind)
+        if chunk is None or len(chunk.jobs) >= chunk.size:
+            size = chunking.size if room is None else max(1, min(chunking.size, room))
+            chunk = filling[job.kind] = Chunk(job.kind, chunking, size)
+            out.append(chunk)
+        chunk.jobs.append(job)
+    return out
 
 
 def _claim_options(options, limit):
@@ -166,6 +228,9 @@ class Loop:
         # commits, and Slots has room for one batch in flight and one filling.
         self.flush_lock = threading.Lock()
         self.claim_errors = 0
+        # Kinds seen not to be chunked (grouped()); a chunk's room: its thread's Slots cells.
+        self.plain = set()
+        self.chunk_room = slots.chunk + 1
 
     def run(self):
         """Run until stopped, drained (burst) or out of budget; release what is left."""
@@ -176,7 +241,7 @@ class Loop:
         self.waiter = Waiter.for_connection(self.options, self.slots.wakeups)
         for job in self.inherited:
             self.buffered[job.id] = self.slots.hold_buffered(job.id, job.attempts)
-            self.buffer.append(job)
+        self.buffer.extend(self._grouped(self.inherited))
         threading.Thread(target=self._flusher, name="jq-acks", daemon=True).start()
         try:
             if self.options.threads == 1:
@@ -204,7 +269,10 @@ class Loop:
                 job = self._next()
                 if job is None:
                     return
-                self._run(i, job)
+                if job.__class__ is Chunk:
+                    self._run_chunk(i, job)
+                else:
+                    self._run(i, job)
         finally:
             connection.close()
 
@@ -255,7 +323,7 @@ class Loop:
                     with self.cell_lock:
                         for job in jobs:
                             self.buffered[job.id] = self.slots.hold_buffered(job.id, job.attempts)
-                    self.buffer.extend(jobs)
+                    self.buffer.extend(self._grouped(jobs))
                     continue
                 # A burst worker leaves when the queue is empty, not when one claim
                 # failed: it retries a few polls first, as a long-running one retries always.
@@ -490,17 +558,132 @@ class Loop:
     def _release_buffer(self):
         self._flush_acks()
         while self.buffer:
-            job = self.buffer.popleft()
-            if self.slots.taken_back(self.buffered[job.id], job.id):
-                self._unbuffer(job)
-                continue
-            try:
-                transitions.release(job.id, worker_id=self.owner, attempt=job.attempts)
-            except Exception:
-                log.exception("could not release id=%s; its lease will lapse", job.id)
-            finally:
-                self._unbuffer(job)
+            item = self.buffer.popleft()
+            for job in item.jobs if item.__class__ is Chunk else (item,):
+                self._release_unstarted(job)
         connection.close()
+
+    def _release_unstarted(self, job):
+        if self.slots.taken_back(self.buffered[job.id], job.id):
+            self._unbuffer(job)
+            return
+        try:
+            transitions.release(job.id, worker_id=self.owner, attempt=job.attempts)
+        except Exception:
+            log.exception("could not release id=%s; its lease will lapse", job.id)
+        finally:
+            self._unbuffer(job)
+
+    # --- chunks ----------------------------------------------------------------------------
+
+    def _grouped(self, jobs):
+        return grouped(jobs, room=self.chunk_room, plain=self.plain)
+
+    def _run_chunk(self, i, chunk):
+        """Run a chunk's jobs in one handler call on thread ``i``; each settles on its own."""
+        jobs = []
+        for job in self._fill(chunk):
+            if self.slots.buffered_abort_requested(self.buffered[job.id], job.id):
+                self._abort_unstarted(job)
+            else:
+                jobs.append(job)
+        if not jobs:
+            return
+        timeout = execution.chunk_timeout(jobs, self.options.timeout)
+        if timeout:
+            self._flush_acks()  # as _run: this call may get the process killed
+        if time.monotonic() > self.slots.leases_until:
+            self._await_renewal(self.buffered[jobs[0].id], jobs[0].id)
+        # Running first, the flags second, as _run; one taken back is left out, and the
+        # rest marked again without it.
+        while jobs:
+            self.slots.start_chunk(i, [(job.id, job.attempts) for job in jobs], timeout)
+            taken = [job for job in jobs if self.slots.taken_back(self.buffered[job.id], job.id)]
+            if not taken:
+                break
+            self.slots.clear_chunk(i)
+            for job in taken:
+                log.info("not starting id=%s worker=%s: taken back while it waited", job.id, self.owner)
+                self._unbuffer(job)
+                jobs.remove(job)
+        if not jobs:
+            return
+        for job in jobs:
+            self._unbuffer(job)
+        probes = [
+            functools.partial(self.slots.chunk_abort_requested, i, k, job.id) for k, job in enumerate(jobs)
+        ]
+        try:
+            while True:
+                try:
+                    self._execute_chunk(jobs, probes)
+                    break
+                except NotStarted as exc:
+                    if outages.wait_for_database(self.owner, exc.error, self.stopping) is None:
+                        log.warning(
+                            "left unstarted a chunk of %s kind=%s worker=%s: stopping while the database is away",
+                            len(jobs),
+                            chunk.kind,
+                            self.owner,
+                        )
+                        break
+        except Exception:
+            # As _run: the leases lapse and recovery takes back what did not settle.
+            log.exception(
+                "could not settle a chunk of %s kind=%s worker=%s", len(jobs), chunk.kind, self.owner
+            )
+            connection.close()
+            self._mark_ran({job.id: job.attempts for job in jobs})
+        finally:
+            self.slots.clear_chunk(i)
+            self.slots.add_done(len(jobs))
+
+    def _execute_chunk(self, jobs, probes):
+        output = capture.Capture()
+        outcomes = execution.attempt_chunk(jobs, self.owner, output, abort_probes=probes)
+        retrying = functools.partial(outages.retrying, who=self.owner, stopping=self.stopping)
+        execution.settle_chunk(jobs, outcomes, self.owner, output, retrying=retrying)
+
+    def _fill(self, chunk):
+        """The chunk's jobs, with more of its kind claimed until it holds its size or its
+        chunk_wait_ms (from its claim) is over; one claim at least, even with no wait."""
+        jobs = chunk.jobs
+        deadline = chunk.since + chunk.wait
+        while len(jobs) < chunk.size and not self.stopping.is_set():
+            want = chunk.size - len(jobs)
+            more = self._claim_more(chunk.kind, want)
+            jobs.extend(more)
+            if len(more) == want:
+                break
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self.stopping.wait(min(CHUNK_FILL_POLL, left))
+        return jobs
+
+    def _claim_more(self, kind, want):
+        """Claim up to ``want`` more jobs of ``kind`` into this child's Slots, as _next
+        claims (under self.lock: _release_orphans must see every claim recorded)."""
+        with self.lock:
+            limit = self.budget.take(min(want, settings.MAX_BATCH))
+            if not limit:
+                return []
+            jobs = []
+            try:
+                asked = time.monotonic()
+                jobs = _claim(replace(self.options, kinds=(kind,)), self.owner, limit)
+                if jobs:
+                    self.slots.leases_hold_until(asked + self.options.lease)
+            except Exception as exc:
+                log.warning("claim to fill a chunk failed kind=%s worker=%s: %s", kind, self.owner, exc)
+                close_old_connections()
+                connection.close()
+                self._release_orphans()
+            self.budget.give_back(limit - len(jobs))
+            with self.cell_lock:
+                for job in jobs:
+                    self.buffered[job.id] = self.slots.hold_buffered(job.id, job.attempts)
+            return jobs
 
 
 def child_main(options, owner, slots, budget, parent_pid, inherited=()):

@@ -29,17 +29,25 @@ class Slots:
     long, or its lease was lost): the child must then not start it. Without a lock
     (one costs 5% of the drain): the child marks a job running, then reads the flag; the
     supervisor sets the flag, then waits until the job is not running (Supervisor._take_back).
+
+    Last, per thread, ``chunk`` cells of (id, attempt, abort id): the other jobs of the
+    chunk (registry.chunking) the thread runs in one handler call, its first job in the
+    thread's own cell. They share that cell's start and timeout: the chunk has one
+    deadline. Written after the first job's cell and cleared before it, so a reader that
+    sees a member sees the start and timeout of its chunk.
     """
 
     WIDTH = 5
 
-    def __init__(self, threads, acks=0, buffered=0, wakeups=None):
+    def __init__(self, threads, acks=0, buffered=0, wakeups=None, chunk=0):
         self.threads = threads
         # The supervisor's WakeUps, shared by all its children (None: each child polls).
         self.wakeups = wakeups
         self.ack_base = threads * self.WIDTH + 4
         self.buffer_base = self.ack_base + 2 * acks
-        self.cells = RawArray(ctypes.c_double, self.buffer_base + 3 * buffered)
+        self.chunk = chunk
+        self.chunk_base = self.buffer_base + 3 * buffered
+        self.cells = RawArray(ctypes.c_double, self.chunk_base + 3 * threads * chunk)
         self.free_acks = list(range(acks))  # used only by the child, after the fork
         self.free_buffered = list(range(buffered))  # likewise
 
@@ -83,7 +91,7 @@ class Slots:
         """Flag buffered ``job_id`` so the child never starts it; return whether it was
         still buffered. The child may have marked it running just before: see
         Supervisor._take_back."""
-        for base in range(self.buffer_base, len(self.cells), 3):
+        for base in range(self.buffer_base, self.chunk_base, 3):
             if int(self.cells[base]) == job_id:
                 self.cells[base + 2] = -job_id
                 return True
@@ -98,7 +106,7 @@ class Slots:
         """Return [(job_id, attempt, abort flagged)] of the jobs waiting in the buffer
         (not those taken back: they are no longer the child's)."""
         out = []
-        for base in range(self.buffer_base, len(self.cells), 3):
+        for base in range(self.buffer_base, self.chunk_base, 3):
             job_id = int(self.cells[base])
             if job_id and int(self.cells[base + 2]) != -job_id:
                 out.append((job_id, int(self.cells[base + 1]), int(self.cells[base + 2]) == job_id))
@@ -108,7 +116,7 @@ class Slots:
         """Flag buffered ``job_id`` so the child cancels it instead of starting it; return
         whether it was still buffered. An id, not a bit: a flag that lands on a cell
         reused meanwhile names another job and is inert."""
-        for base in range(self.buffer_base, len(self.cells), 3):
+        for base in range(self.buffer_base, self.chunk_base, 3):
             if int(self.cells[base]) == job_id:
                 self.cells[base + 2] = job_id
                 return True
@@ -139,6 +147,10 @@ class Slots:
             if int(self.cells[base]) == job_id:
                 self.cells[base + 4] = job_id
                 return True
+        for base in range(self.chunk_base, len(self.cells), 3):
+            if int(self.cells[base]) == job_id:
+                self.cells[base + 2] = job_id
+                return True
         return False
 
     def abort_requested(self, i, job_id):
@@ -147,17 +159,78 @@ class Slots:
     def clear(self, i):
         self.cells[i * self.WIDTH] = 0
 
+    def start_chunk(self, i, jobs, timeout):
+        """Mark thread ``i`` running the chunk ``jobs`` [(job_id, attempt)], at most
+        ``chunk + 1`` of them, under one ``timeout``."""
+        (first_id, first_attempt), *rest = jobs
+        self.start(i, first_id, first_attempt, timeout)
+        base = self.chunk_base + 3 * self.chunk * i
+        for k, (job_id, attempt) in enumerate(rest):
+            self.cells[base + 3 * k + 1] = attempt
+            self.cells[base + 3 * k + 2] = 0
+            self.cells[base + 3 * k] = job_id
+
+    def clear_chunk(self, i):
+        """Mark thread ``i`` idle after a chunk (its members first, see the class docstring)."""
+        base = self.chunk_base + 3 * self.chunk * i
+        for k in range(self.chunk):
+            self.cells[base + 3 * k] = 0
+        self.clear(i)
+
+    def chunk_abort_requested(self, i, k, job_id):
+        """Whether the abort of ``job_id``, member ``k`` (from 1) of thread ``i``'s chunk, was asked."""
+        if k == 0:
+            return self.abort_requested(i, job_id)
+        return int(self.cells[self.chunk_base + 3 * (self.chunk * i + k - 1) + 2]) == job_id
+
+    def _thread_of(self, job_id):
+        for i in range(self.threads):
+            if int(self.cells[i * self.WIDTH]) == job_id:
+                return i
+        for base in range(self.chunk_base, len(self.cells), 3):
+            if int(self.cells[base]) == job_id:
+                return (base - self.chunk_base) // (3 * self.chunk)
+        return None
+
+    def companions(self, job_id):
+        """Return [(job_id, attempt)] of the jobs running in one call with ``job_id``
+        (itself included; just itself if it is no chunk's): they share its deadline."""
+        i = self._thread_of(job_id)
+        if i is None:
+            return []
+        out = []
+        first = int(self.cells[i * self.WIDTH])
+        if first:
+            out.append((first, int(self.cells[i * self.WIDTH + 1])))
+        base = self.chunk_base + 3 * self.chunk * i
+        for k in range(self.chunk):
+            member = int(self.cells[base + 3 * k])
+            if member:
+                out.append((member, int(self.cells[base + 3 * k + 1])))
+        return out
+
     def is_running(self, job_id):
-        return any(int(self.cells[i * self.WIDTH]) == job_id for i in range(self.threads))
+        return any(int(self.cells[i * self.WIDTH]) == job_id for i in range(self.threads)) or any(
+            int(self.cells[base]) == job_id for base in range(self.chunk_base, len(self.cells), 3)
+        )
 
     def running(self):
-        """Return [(job_id, attempt, started, timeout)] for the threads running a job."""
+        """Return [(job_id, attempt, started, timeout)] for the jobs the threads run (a
+        chunk's members with the start and timeout of its first job's cell)."""
         out = []
         for i in range(self.threads):
             base = i * self.WIDTH
             job_id = int(self.cells[base])
             if job_id:
                 out.append((job_id, int(self.cells[base + 1]), self.cells[base + 2], self.cells[base + 3]))
+        if self.chunk:
+            for base in range(self.chunk_base, len(self.cells), 3):
+                job_id = int(self.cells[base])
+                if job_id:
+                    head = (base - self.chunk_base) // (3 * self.chunk) * self.WIDTH
+                    out.append(
+                        (job_id, int(self.cells[base + 1]), self.cells[head + 2], self.cells[head + 3])
+                    )
         return out
 
     @property

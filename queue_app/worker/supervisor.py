@@ -44,6 +44,7 @@ from django.db import DatabaseError, connections
 
 from queue_app.conf import settings
 from queue_app.core import aborting, events, flow, telemetry, transitions
+from queue_app.handlers import registry
 from queue_app.tasks import running as task_running
 from queue_app.worker import outages, wakeup
 from queue_app.worker import registry as workers
@@ -70,6 +71,7 @@ class Child:
         self.slots = slots
         self.pid = pid
         self.timed_out = None  # (job_id, attempt, timeout) once killed for overrunning
+        self.timed_out_with = set()  # the ids of the chunk that overran with it (Slots.companions)
         self.aborts = {}  # job_id -> (attempt, kill deadline) once its abort was requested
         self.killed_for_abort = False
         self.buffered_since = {}  # (job_id, attempt) -> when the heartbeat first saw it buffered
@@ -325,9 +327,19 @@ class Supervisor:
         # Batched acks flush at `batch` pending, so at most batch + threads - 1 fill while
         # as many wait for the one flush in flight to commit (worker.Loop.flush_lock).
         acks = 2 * (self.options.batch + self.options.threads)
-        # A child claims at most `batch` at a time, and only into an empty buffer.
+        # A child claims at most `batch` at a time, and only into an empty buffer; each
+        # thread may hold one chunk more, claimed to fill it (Loop._fill). A chunk runs at
+        # most the larger of `batch` and the largest chunk registered by now: a chunked
+        # Task first imported in the child gets that much room, not its own size.
+        room = max(registry.largest_chunk(), self.options.batch)
         wakeups = self.wakeups if self.watcher is not None else None
-        slots = Slots(self.options.threads, acks, buffered=self.options.batch, wakeups=wakeups)
+        slots = Slots(
+            self.options.threads,
+            acks,
+            buffered=self.options.batch + self.options.threads * room,
+            wakeups=wakeups,
+            chunk=room - 1,
+        )
         if inherited:  # their leases were just extended (hand_over)
             slots.leases_hold_until(asked + self.options.lease)
         with self._forking():
@@ -430,7 +442,7 @@ class Supervisor:
             # A crash or a timeout kill counts toward the job's MAX_CRASHES (poison); a
             # kill at shutdown, or for another job's timeout or abort, is not this job's doing.
             crashed = True
-            if child.timed_out and child.timed_out[0] == job_id:
+            if child.timed_out and (child.timed_out[0] == job_id or job_id in child.timed_out_with):
                 error = _timeout_error(job_id, child.timed_out[2])
                 log.warning("timed out id=%s attempt=%s worker=%s", job_id, attempt, child.owner)
             elif shutdown:
@@ -477,6 +489,8 @@ class Supervisor:
             for job_id, attempt, started, timeout in child.slots.running():
                 if timeout and now > started + timeout:
                     child.timed_out = (job_id, attempt, timeout)
+                    # A chunk has one deadline: its other jobs overran it too.
+                    child.timed_out_with = {other for other, _ in child.slots.companions(job_id)}
                     log.warning("id=%s overran its timeout; killing child pid=%s", job_id, child.pid)
                     self._signal(child, signal.SIGKILL)
                     break
@@ -504,8 +518,11 @@ class Supervisor:
                     waiting[job_id].slots.request_buffered_abort(job_id)
                     continue
                 child, attempt = running[job_id]
+                # A job sharing its handler call (a chunk) is cancelled when the call
+                # returns, never by a kill that would fail the chunk's other jobs.
+                alone = len(child.slots.companions(job_id)) <= 1
                 if child.slots.request_abort(job_id):
-                    child.aborts[job_id] = (attempt, now + grace)
+                    child.aborts[job_id] = (attempt, now + grace if alone else float("inf"))
                     log.info(
                         "abort requested id=%s: told child pid=%s, killed in %ss if still running",
                         job_id,
