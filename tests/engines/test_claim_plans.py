@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from queue_app import bulk_enqueue
 from queue_app.core import flow, transitions
+from queue_app.models import Job
 
 
 def _plans(sqls):
@@ -181,6 +182,9 @@ def test_a_batched_completion_seeks_each_job_by_id():
                 [(job.id, job.attempts, {"n": i}) for i, job in enumerate(mine)], worker_id="w"
             )
         assert done == {job.id for job in mine}
+        # Each row got its own result, not another's (one statement, a result per row).
+        stored = dict(Job.objects.filter(id__in=done).values_list("id", "result"))
+        assert stored == {job.id: {"n": i} for i, job in enumerate(mine)}
         plans = _plans(captured)
         transaction.set_rollback(True)
     assert len(captured) == 1, [sql for sql, _ in captured]  # one statement for the batch
