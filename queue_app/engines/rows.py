@@ -201,13 +201,21 @@ class JobReader:
     def __init__(self, connection):
         self.connection = connection
         self.converters = []
+        self.always = []
         for i, field in enumerate(JOB_FIELDS):
             col = field.get_col(JOB_TABLE)
             convs = connection.ops.get_db_converters(col) + field.get_db_converters(connection)
             if convs == [getattr(connection.ops, "convert_datetimefield_value", None)]:
                 convs = [_memoised(convs[0])]
-            if convs:
+            if not convs:
+                continue
+            if all(conv(None, col, connection) is None for conv in convs):
+                # Most of a claimed row's columns are NULL (no result, error, follow-up
+                # yet): where the converters keep None as None (checked here, once),
+                # a NULL skips them.
                 self.converters.append((i, col, convs))
+            else:
+                self.always.append((i, col, convs))
 
     @classmethod
     def on(cls, connection):
@@ -222,6 +230,12 @@ class JobReader:
         for row in rows:
             values = list(row)
             for i, col, convs in self.converters:
+                v = values[i]
+                if v is not None:
+                    for conv in convs:
+                        v = conv(v, col, connection)
+                    values[i] = v
+            for i, col, convs in self.always:
                 v = values[i]
                 for conv in convs:
                     v = conv(v, col, connection)
