@@ -603,6 +603,12 @@ class Worker(models.Model):
     # Set by `stopworkers --quiet`, the dashboard or the API; seen where the stop request is.
     quiet_requested_at = models.DateTimeField(null=True, blank=True)
     jobs_in_hand = models.PositiveIntegerField(default=0)
+    # {job id: thread number within its child} of the jobs its threads run, as the last
+    # heartbeat saw them (Running now's thread column). Kept here, not on the job row:
+    # which thread runs a job is the worker's business and changes with no event, and
+    # the supervisor already reads it from the children's shared memory each heartbeat,
+    # so recording it adds nothing to the claim or the start of a job.
+    running_threads = models.JSONField(default=dict, blank=True)
     jobs_done = models.PositiveBigIntegerField(default=0)
     # Database outages this worker waited out (worker/outages.py): jobqueue_db_reconnects_total.
     db_reconnects = models.PositiveBigIntegerField(default=0)

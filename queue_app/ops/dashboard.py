@@ -330,11 +330,13 @@ def schedules(now=None):
 
 def running(now=None, worker=None):
     """The running-now page's rows (only ``worker``'s, a name, if given): each leased job
-    with its worker (the registered row whose name starts its lease owner), child, runtime
-    and time left on its lease."""
+    with its worker (the registered row whose name starts its lease owner), child, thread
+    (from the worker's last heartbeat, Worker.running_threads; None until a heartbeat has
+    seen it running), runtime and time left on its lease."""
     now = now or timezone.now()
     jobs = reads.running_now(worker=worker)
-    names = sorted({w.name for w in reads.worker_rows(include_stopped=False)}, key=len, reverse=True)
+    alive = {w.name: w for w in reads.worker_rows(include_stopped=False)}
+    names = sorted(alive, key=len, reverse=True)
     rows = []
     for job in jobs:
         worker = next((n for n in names if job.lease_owner.startswith(f"{n}/")), "")
@@ -343,6 +345,7 @@ def running(now=None, worker=None):
                 "job": job,
                 "worker": worker or job.lease_owner.split("/")[0],
                 "child": job.lease_owner.rpartition("/")[2],
+                "thread": (alive[worker].running_threads or {}).get(str(job.id)) if worker else None,
                 "running_for": age(job.started_at, now) if job.started_at else "",
                 "lease_left": durations.format(max(0.0, (job.lease_expires_at - now).total_seconds()))
                 if job.lease_expires_at
@@ -368,6 +371,7 @@ def workers(now=None):
                 {
                     "job": job,
                     "child": child,
+                    "thread": (w.running_threads or {}).get(str(job.id)),
                     "running_for": age(job.started_at, now) if job.started_at else "",
                 }
                 for job, child in held.get(w.name, [])

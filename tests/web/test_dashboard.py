@@ -40,6 +40,7 @@ from queue_app.templatetags import jobqueue_ui
 from queue_app.worker import schedules as scheduling
 from queue_app.worker.execution import run_one
 from tests.factories import DeadLetterFactory, JobFactory, make_staff
+from tests.worker_support import start_worker, stop, wait_for
 
 pytestmark = pytest.mark.django_db
 
@@ -856,12 +857,13 @@ def test_badges_say_states_in_words(viewer):
 
 def test_the_running_now_page_lists_leased_jobs_with_worker_child_runtime_progress_and_lease(viewer):
     now = timezone.now()
-    Worker.objects.create(name="w1", host="h", pid=1)
+    w1 = Worker.objects.create(name="w1", host="h", pid=1)
     long = JobFactory(
         leased=True, kind="export", lease_owner="w1/tok/c0", started_at=now - timedelta(minutes=3)
     )
     Job.objects.filter(id=long.id).update(progress=40, progress_message="rows 4,000 of 10,000")
     fresh = JobFactory(leased=True, kind="email", lease_owner="w1/tok/c1", started_at=None)
+    Worker.objects.filter(id=w1.id).update(running_threads={str(long.id): 1})
     lapsed = JobFactory(
         expired=True, kind="sync", lease_owner="gone/tok/c0", started_at=now - timedelta(hours=1)
     )
@@ -870,6 +872,8 @@ def test_the_running_now_page_lists_leased_jobs_with_worker_child_runtime_progre
     rows = response.context["rows"]
     assert [r["job"].id for r in rows] == [lapsed.id, long.id, fresh.id]
     assert (rows[1]["worker"], rows[1]["child"], rows[1]["running_for"]) == ("w1", "c0", "3m")
+    # The thread from the worker's heartbeat; none for a job no heartbeat saw running.
+    assert [r["thread"] for r in rows] == [None, 1, None]
     page = response.content.decode()
     assert (
         "rows 4,000 of 10,000" in page and "not started" in page and "lapsed: recovery takes it back" in page
@@ -976,3 +980,31 @@ def test_every_stamp_and_the_clock_note_use_the_sites_time_zone_24_hour(viewer, 
     overview = viewer.get(url("overview")).content.decode()
     assert re.search(r"Read at \d\d:\d\d:\d\d Asia/Kolkata", overview)
     assert " UTC" not in overview
+
+
+@pytest.mark.django_db(transaction=True)
+def test_running_now_shows_the_thread_a_real_worker_runs_each_job_on(viewer):
+    jobs = [enqueue("sleepy", {"seconds": 4}) for _ in range(2)]
+    ids = {str(j.id) for j in jobs}
+    proc = start_worker(name="threads", concurrency=1, threads=2, batch=2, heartbeat=0.2)
+    try:
+        wait_for(
+            lambda: (
+                set(
+                    Worker.objects.filter(name="threads").values_list("running_threads", flat=True).first()
+                    or ()
+                )
+                == ids
+            ),
+            timeout=30,
+            what="a heartbeat to see both jobs running",
+        )
+        response = viewer.get(url("running"))
+        rows = {r["job"].id: r for r in response.context["rows"]}
+        assert {rows[j.id]["thread"] for j in jobs} == {0, 1}
+        assert {rows[j.id]["worker"] for j in jobs} == {"threads"}
+        assert response.content.decode().count("<td data-thread>") == 2
+    finally:
+        stop(proc, within=30)
+    # Stopped: it runs nothing, so it shows no thread.
+    assert Worker.objects.get(name="threads").running_threads == {}
