@@ -493,8 +493,9 @@ def test_the_queues_pages_percentiles_come_from_each_attempts_claim_and_completi
             job=job, type=EventType.COMPLETED, attempt=1, at=claimed + timedelta(seconds=ran)
         )
     row = _row(viewer.get(url("queues") + "?window=15m").context["rows"], "q", "k")
-    assert (row["wait_p50"], row["wait_p95"]) == pytest.approx((3, 100))
-    assert (row["run_p50"], row["run_p95"]) == pytest.approx((6, 200))
+    # From the rollup's sketches: within 10% of the exact nearest-rank percentiles.
+    assert (row["wait_p50"], row["wait_p95"]) == pytest.approx((3, 100), rel=0.1)
+    assert (row["run_p50"], row["run_p95"]) == pytest.approx((6, 200), rel=0.1)
     assert row["completed"] == 5 and len(row["completed_series"]) == 15
 
 
