@@ -9,7 +9,7 @@ claimed and completed events spread over the last H hours (default 2; 168 puts a
 of history under the 7-day window), each completed job with K - 1 failed attempts
 before its last (default 1 attempt; 6 makes about 10,000,000 events per 1,000,000
 jobs). Then folds the seeded history into the queues page's flow rollup once
-(metrics.rebuild_flow, timed), asks each page through Django's test client (the whole
+(metrics.rebuild_flow, timed; --keep reuses a rollup already built), asks each page through Django's test client (the whole
 stack but the socket) and prints the median of 5 requests, with the load average.
 """
 
@@ -158,9 +158,11 @@ def main():
     from queue_app.ops import metrics
 
     call_command("migrate", verbosity=0)
-    if not args.keep or not Job.objects.exists():
+    seeded = not args.keep or not Job.objects.exists()
+    if seeded:
         seed(args.jobs, args.hours, args.attempts)
-    if hasattr(metrics, "rebuild_flow"):  # a tree from before the rollup has none
+    # A tree from before the rollup has none; --keep keeps a rollup already built.
+    if hasattr(metrics, "rebuild_flow") and (seeded or not _has_rollup()):
         from django.utils import timezone
 
         t = time.perf_counter()
@@ -218,6 +220,12 @@ def main():
                 sys.exit(f"{path} answered {response.status_code}")
         print(f"{name:40} {statistics.median(times):10.1f} {max(times):8.1f}")
     print(f"load average {_load()}")
+
+
+def _has_rollup():
+    from queue_app.models import FlowBucket
+
+    return FlowBucket.objects.exists()
 
 
 def _load():

@@ -294,7 +294,8 @@ def queues(now=None, window=reads.FLOW_WINDOW_DEFAULT, limits=()):
     folded into the flow rollup first (metrics.fold_recent), as a scrape does."""
     metrics.fold_recent()
     now = now or timezone.now()
-    rows, start, bucket = reads.queues(now, window)
+    live, oldest = metrics.live_counts(now=now)
+    rows, start, bucket = reads.queues(live, oldest, now, window)
     since = flow_rollup.since()
     by_kind = {entry["limit"].kind: entry for entry in limits}
     for r in rows:

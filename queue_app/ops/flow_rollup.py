@@ -30,8 +30,13 @@ from queue_app.models import EventType, FlowBucket, FlowSpan, HistogramMetric, M
 
 # The events a window counts as a failed attempt (reads.FAILURE_EVENTS).
 FAILURES = frozenset({EventType.FAILED, EventType.DEAD_LETTERED, EventType.RECOVERED})
-# Every event type a window counts.
-COUNTED = frozenset({EventType.ENQUEUED, EventType.COMPLETED, *FAILURES})
+# Every event type a window counts, and the series it counts in.
+_SERIES = {
+    EventType.ENQUEUED: "enqueued",
+    EventType.COMPLETED: "completed",
+    **dict.fromkeys(FAILURES, "failed"),
+}
+COUNTED = frozenset(_SERIES)
 # Each span's length, and how long its rows are kept.
 SPANS = {FlowSpan.MINUTE: timedelta(minutes=1), FlowSpan.HOUR: timedelta(hours=1)}
 KEPT = {FlowSpan.MINUTE: timedelta(hours=3), FlowSpan.HOUR: timedelta(days=8)}
@@ -137,15 +142,7 @@ def collect(delta, events, jobs, observed, now):
         job = jobs.get(job_id)
         if job is None:
             continue
-        name = (
-            "enqueued"
-            if type_ == EventType.ENQUEUED
-            else "completed"
-            if type_ == EventType.COMPLETED
-            else "failed"
-            if type_ in FAILURES
-            else None
-        )
+        name = _SERIES.get(type_)
         if name is None:
             continue
         for span in _spans(at, now):

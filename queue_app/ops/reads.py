@@ -36,11 +36,8 @@ from queue_app.exceptions import InvalidJob, JobNotFound
 from queue_app.models import (
     LATE,
     LOST,
-    PAUSED,
     PENDING_STATUSES,
     READY,
-    RETRYING,
-    SCHEDULED,
     STATUSES,
     WORKER_STATUSES,
     DeadLetter,
@@ -312,11 +309,13 @@ def _no_flow(buckets):
     }
 
 
-def queues(now=None, window=FLOW_WINDOW_DEFAULT):
-    """Per queue and kind: live jobs by status (waiting on dependencies, ready, scheduled,
-    retrying, paused, leased, dead letter), the oldest ready job's run_at (a paused
-    queue's jobs are held, not waiting, so never counted there), whether its queue or
-    kind is paused, and its flow over ``window`` (flow()). Returns (rows, start, bucket)."""
+def queues(live, oldest, now=None, window=FLOW_WINDOW_DEFAULT):
+    """Per queue and kind: ``live`` {(queue, kind): jobs by status (LIVE_COUNTS)}, the
+    oldest ready job's run_at of its queue (``oldest`` {queue: run_at}, on the rows with
+    ready jobs; a paused queue's jobs are held, not waiting, so never counted there),
+    whether its queue or kind is paused, and its flow over ``window`` (flow()). Returns
+    (rows, start, bucket). The live counts come from metrics.live_counts(), which reads
+    the maintained JobCount and index seeks, not the job table."""
     now = now or timezone.now()
     start, bucket, flows = flow(window, now)
     _, _, buckets = flow_window(window)
@@ -333,30 +332,21 @@ def queues(now=None, window=FLOW_WINDOW_DEFAULT):
             }
         return table[(queue, kind)]
 
-    live = (
-        Job.objects.filter(state__in=[State.WAITING, State.PENDING, State.LEASED, State.DEAD_LETTER])
-        .order_by()
-        .values("queue_name", "kind")
-        .annotate(
-            waiting=Count("id", filter=Q(state=State.WAITING)),
-            ready=Count("id", filter=status_q(READY, now)),
-            scheduled=Count("id", filter=status_q(SCHEDULED, now)),
-            retrying=Count("id", filter=status_q(RETRYING, now)),
-            paused=Count("id", filter=status_q(PAUSED, now)),
-            leased=Count("id", filter=Q(state=State.LEASED)),
-            deadletter=Count("id", filter=Q(state=State.DEAD_LETTER)),
-            oldest=Min("run_at", filter=status_q(READY, now)),
-        )
-    )
-    for r in live:
-        row(r.pop("queue_name"), r.pop("kind")).update(r)
+    for (queue, kind), counts in live.items():
+        if any(counts.values()):
+            target = row(queue, kind)
+            target.update(counts)
+            target["oldest"] = oldest.get(queue) if counts["ready"] else None
     for queue, kind in flows:
         row(queue, kind)
-    paused = set(Pause.objects.values_list("scope", "name"))
+    paused = {(p.scope, p.name): p for p in Pause.objects.all()}
     for r in table.values():
-        r["queue_paused"] = (PauseScope.QUEUE, r["queue"]) in paused
-        r["kind_paused"] = (PauseScope.KIND, r["kind"]) in paused
-        r["oldest_ready_seconds"] = (now - r["oldest"]).total_seconds() if r["oldest"] else None
+        # The Pause rows themselves (who, since when, why), or None.
+        r["queue_pause"] = paused.get((PauseScope.QUEUE, r["queue"]))
+        r["kind_pause"] = paused.get((PauseScope.KIND, r["kind"]))
+        r["queue_paused"] = r["queue_pause"] is not None
+        r["kind_paused"] = r["kind_pause"] is not None
+        r["oldest_ready_seconds"] = max((now - r["oldest"]).total_seconds(), 0.0) if r["oldest"] else None
     return [table[key] for key in sorted(table)], start, bucket
 
 

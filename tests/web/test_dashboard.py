@@ -159,6 +159,15 @@ def test_jobs_list_filters_by_status_and_pages_by_cursor(viewer, settings):
     assert second.older is None
 
 
+def test_the_older_link_keeps_a_search_with_an_ampersand_and_a_hash(viewer, settings):
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "DASHBOARD_PAGE_SIZE": 1}
+    jobs = [JobFactory(kind="a&b#c") for _ in range(2)]
+    page = viewer.get(url("jobs") + "?kind=a%26b%23c").content.decode()
+    assert f'href="?kind=a%26b%23c&amp;before={jobs[1].id}"' in page
+    second = viewer.get(url("jobs") + f"?kind=a%26b%23c&before={jobs[1].id}").context["page"]
+    assert [j.id for j in second.rows] == [jobs[0].id]
+
+
 def test_jobs_list_searches_by_id_and_filters_by_kind_and_queue(viewer):
     a = JobFactory(kind="email", queue_name="mail")
     JobFactory(kind="report")
@@ -444,13 +453,16 @@ def test_a_paused_queues_jobs_are_held_not_ready_nor_oldest_on_the_queues_page(v
     transitions_at = timezone.now() - timedelta(minutes=30)
     JobFactory.create_batch(3, queue_name="mail", kind="email", run_at=transitions_at)
     JobFactory(queue_name="default", kind="echo", run_at=timezone.now() - timedelta(seconds=10))
-    flow.pause(queue="mail")
+    flow.pause(queue="mail", actor="ops", reason="smtp maintenance")
     response = viewer.get(url("queues"))
     mail = _row(response.context["rows"], "mail", "email")
     assert (mail["ready"], mail["paused"], mail["oldest"], mail["queue_paused"]) == (0, 3, None, True)
     echo = _row(response.context["rows"], "default", "echo")
     assert (echo["ready"], echo["paused"], echo["queue_paused"]) == (1, 0, False)
-    assert 'data-paused="queue"' in response.content.decode()
+    page = response.content.decode()
+    assert 'data-paused="queue"' in page
+    # Why, by whom and since when, beside the badge.
+    assert re.search(r'data-pause-why="queue">by ops, \d+s ago: smtp maintenance</small>', page)
 
 
 def test_the_queues_page_shows_the_windows_attempts_rates_and_wait_and_run_percentiles(viewer):
@@ -1009,3 +1021,30 @@ def test_running_now_shows_the_thread_a_real_worker_runs_each_job_on(viewer):
         stop(proc, within=30)
     # Stopped: it runs nothing, so it shows no thread.
     assert Worker.objects.get(name="threads").running_threads == {}
+
+
+def test_the_queues_pages_live_counts_are_the_job_tables_after_real_transitions(viewer):
+    # The page reads the maintained JobCount and index seeks, not the job table: after
+    # jobs move through real transitions (each folded from its event), both agree.
+    viewer.get(url("queues"))  # the first fold
+    failed_job(kind="boom", max_attempts=1)
+    failed_job(kind="boom", max_attempts=3)
+    for n in range(3):
+        enqueue("echo", {"n": n}, queue_name="mail")
+    enqueue("echo", {}, queue_name="mail", run_at=timezone.now() + timedelta(hours=1))
+    transitions.claim("w-test/t/c0", queues=["mail"], limit=1)
+    enqueue("report", {}, queue_name="mail")
+    flow.pause(kind="report")
+    rows = viewer.get(url("queues")).context["rows"]
+    for r in rows:
+        jobs = Job.objects.filter(queue_name=r["queue"], kind=r["kind"])
+        expected = {name: jobs.status(name).count() for name in ("ready", "scheduled", "retrying", "paused")}
+        expected.update(
+            waiting=jobs.filter(state=State.WAITING).count(),
+            leased=jobs.filter(state=State.LEASED).count(),
+            deadletter=jobs.filter(state=State.DEAD_LETTER).count(),
+        )
+        assert {k: r[k] for k in expected} == expected, (r["queue"], r["kind"])
+    mail = _row(rows, "mail", "echo")
+    assert (mail["ready"], mail["scheduled"], mail["leased"]) == (2, 1, 1) and mail["oldest"] is not None
+    assert _row(rows, "mail", "report")["paused"] == 1
