@@ -229,7 +229,8 @@ def _fold(db, now):
     jobs = _jobs(db, {row[JOB] for row in rows})
     _fold_counts(db, [row for row in rows if row[ID] > counts_from], jobs)
     observed = _fold_histograms(db, rows, jobs)
-    flow_rollup.fold(db, [(row[TYPE], row[JOB], row[AT]) for row in rows], jobs, observed, now)
+    if rows:  # a fold with nothing new leaves the rollup (and its retention) alone
+        flow_rollup.fold(db, [(row[TYPE], row[JOB], row[AT]) for row in rows], jobs, observed, now)
     return sum(counts.values())
 
 
