@@ -694,7 +694,7 @@ class JobHistogram(models.Model):
 
 
 class FlowSpan(models.TextChoices):
-    # One minute: the queues page's windows up to an hour (kept three hours).
+    # One minute: the queues page's windows up to an hour (kept two hours).
     MINUTE = "m"
     # One hour: its 24-hour and 7-day windows (kept eight days).
     HOUR = "h"

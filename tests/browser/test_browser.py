@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from queue_app.core import flow, transitions
 from queue_app.core.enqueueing import enqueue
-from queue_app.models import Job, State, Worker
+from queue_app.models import Job, Schedule, State, Worker
 from queue_app.worker.execution import run_one
 from tests.browser.conftest import CHROMIUM
 
@@ -428,3 +428,68 @@ def test_the_job_page_says_why_for_each_reason_set_up_for_real(page):
     code, text = why(second)
     assert code == "busy" and "1 ready job(s) of queue 'busy' lease before it" in text
     assert why(first)[0] == "eligible"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_queues_page_pauses_a_queue_with_its_reason_and_switches_windows(page):
+    enqueue("echo", {}, queue_name="mail")
+    run_one(worker_id="w-browser")
+    enqueue("echo", {"n": 2}, queue_name="mail")
+    page.goto("/dashboard/queues/")
+    row = 'tr[data-queue="mail"][data-kind="echo"]'
+    assert page.inner_text(f'{row} [data-count="ready"]') == "1"
+    assert page.inner_text(f'{row} [data-count="completed"]') != "0"
+    page.click(f"{row} button:has-text('Pause queue')")
+    page.wait_for_selector(".messages li.success")
+    assert page.inner_text(f'{row} [data-count="paused"]') == "1"
+    assert page.inner_text(f'{row} [data-count="ready"]') == "0"
+    assert "by admin:boss" in page.inner_text(f'{row} [data-pause-why="queue"]')
+    page.click('nav.windows a[data-window="7d"]')
+    page.wait_for_url(re.compile(r"window=7d"))
+    assert page.inner_text('nav.windows [aria-current="true"]') == "7d"
+    assert "1 completed" in page.get_attribute(f"{row} svg.spark", "aria-label")
+    page.click(f"{row} button:has-text('Resume queue')")
+    page.wait_for_selector(".messages li.success")
+    assert page.inner_text(f'{row} [data-count="ready"]') == "1"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_running_now_lists_a_workers_job_and_quiet_asks_before_it_acts(page):
+    worker = Worker.objects.create(name="w-run", host="h", pid=1, queues=["*"], kinds=["export"])
+    enqueue("export", {})
+    (job,) = transitions.claim("w-run/t/c0", kinds=["export"])
+    Worker.objects.filter(id=worker.id).update(running_threads={str(job.id): 0}, jobs_in_hand=1)
+    page.goto("/dashboard/workers/")
+    page.click('[data-worker="w-run"] [data-worker-jobs]')
+    page.wait_for_url(re.compile(r"/dashboard/running/\?worker=w-run"))
+    running = f'[data-running="{job.id}"]'
+    assert "w-run" in page.inner_text(running) and page.inner_text(f"{running} [data-thread]") == "0"
+    page.goto("/dashboard/workers/")
+    page.click('[data-worker="w-run"] a:has-text("Quiet")')
+    page.wait_for_selector("button:has-text('Quiet w-run')")
+    assert Worker.objects.get(id=worker.id).quiet_requested_at is None  # asked, not done
+    page.click("button:has-text('Quiet w-run')")
+    page.wait_for_selector(".messages li.success")
+    assert Worker.objects.get(id=worker.id).quiet_requested_at is not None
+    assert "quiet requested" in page.inner_text('[data-worker="w-run"]')
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_jobs_list_finds_an_error_text_and_a_schedule_runs_now(page):
+    enqueue("boom", {"message": "ConnectionError: smtp down"}, max_attempts=1)
+    run_one(worker_id="w-browser", kinds=["boom"])
+    enqueue("echo", {"n": 1})
+    page.goto("/dashboard/jobs/")
+    page.fill('input[name="text"]', "ConnectionError")
+    page.click("form.filters button:has-text('Filter')")
+    page.wait_for_url(re.compile(r"text=ConnectionError"))
+    assert page.locator("#live tbody tr").count() == 1
+    assert "boom" in page.inner_text("#live tbody tr")
+    Schedule.objects.create(name="nightly", cron="0 3 * * *", kind="echo")
+    page.goto("/dashboard/schedules/")
+    page.click('[data-schedule="nightly"] button:has-text("Run now")')
+    page.wait_for_url(re.compile(r"/dashboard/jobs/\d+/$"))
+    assert "Schedule nightly" in page.inner_text(".messages")
+    page.goto("/dashboard/schedules/")
+    page.click('[data-schedule="nightly"] a[href*="schedule=nightly"]')
+    assert page.locator("#live tbody tr").count() == 1

@@ -65,7 +65,7 @@ def test_each_window_counts_the_attempts_inside_it_from_minute_or_hour_rows():
     week = _flow("7d")[("q", "k")]
     assert len(week["completed_series"]) == 28 and sum(week["completed_series"]) == 3
     assert week["run_p50"] == pytest.approx(4, rel=0.1) and week["wait_p95"] == pytest.approx(2, rel=0.1)
-    # An attempt three days ago is in no minute row (they are kept three hours).
+    # An attempt three days ago is in no minute row (they are kept two hours).
     assert not FlowBucket.objects.filter(span=FlowSpan.MINUTE, start__lt=now - timedelta(hours=4)).exists()
 
 
@@ -94,13 +94,13 @@ def test_each_fold_forgets_rows_past_their_keeping():
     now = timezone.now()
     old_minute = FlowBucket.objects.create(
         span=FlowSpan.MINUTE,
-        start=flow_rollup.start_of(now - timedelta(hours=4), FlowSpan.MINUTE),
+        start=flow_rollup.start_of(now - timedelta(hours=3), FlowSpan.MINUTE),
         queue_name="q",
         kind="k",
     )
     kept_minute = FlowBucket.objects.create(
         span=FlowSpan.MINUTE,
-        start=flow_rollup.start_of(now - timedelta(hours=2), FlowSpan.MINUTE),
+        start=flow_rollup.start_of(now - timedelta(hours=1), FlowSpan.MINUTE),
         queue_name="q",
         kind="k",
     )
