@@ -16,9 +16,11 @@ Why each window stays fast with 1,000,000 jobs and 10,000,000 events:
   log-scale bucket (index()), buckets add across rows, and p50/p95 is the bucket
   holding that rank, reported at its geometric middle: within 10% of the exact value
   at any scale, from a millisecond to days.
-- A window that starts before the rollup did (a new installation, an upgrade) says
-  from when it counts (MetricsCheckpoint.flow_since); metrics.rebuild_flow() fills it
-  from the event log once, for a benchmark or after an upgrade.
+- A window that starts before the rollup did (an upgrade; a first fold that found more
+  history than a fold batch and counted it in bulk) says from when it counts
+  (MetricsCheckpoint.flow_since; FROM_THE_START when the fold streamed the whole log);
+  metrics.rebuild_flow() fills it from the event log once, for a benchmark or after an
+  upgrade.
 """
 
 import math
@@ -37,6 +39,8 @@ _SERIES = {
     **dict.fromkeys(FAILURES, "failed"),
 }
 COUNTED = frozenset(_SERIES)
+# MetricsCheckpoint.flow_since when the rollup holds every event since the first.
+FROM_THE_START = datetime(1970, 1, 1, tzinfo=UTC)
 # Each span's length, and how long its rows are kept.
 SPANS = {FlowSpan.MINUTE: timedelta(minutes=1), FlowSpan.HOUR: timedelta(hours=1)}
 KEPT = {FlowSpan.MINUTE: timedelta(hours=2), FlowSpan.HOUR: timedelta(days=8)}

@@ -181,6 +181,9 @@ def _fold(db, now):
             for type_, n in old.values_list("type").annotate(n=Count("id")).order_by():
                 counts[type_] = counts.get(type_, 0) + n
             last = top - batch
+    # The rollup counts from now (an upgrade; a history too long to stream, counted in
+    # bulk above), or from the start when this fold streams the whole log.
+    flow_since = cp.flow_since or (flow_rollup.FROM_THE_START if last == 0 else now)
     counts_from = cp.counts_from
     if counts_from is None:
         counts_from = _recount(db)
@@ -209,7 +212,7 @@ def _fold(db, now):
             gaps={str(k): v for k, v in gaps.items()},
             folded_at=now,
             counts_from=counts_from,
-            flow_since=cp.flow_since or now,
+            flow_since=flow_since,
         )
     )
     if not changed:

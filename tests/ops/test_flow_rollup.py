@@ -157,3 +157,17 @@ def test_a_window_that_starts_before_the_rollup_says_so(admin_client):
     assert "data-counted-since" in page
     page = admin_client.get("/dashboard/queues/?window=1h").content.decode()
     assert "data-counted-since" not in page
+
+
+def test_a_first_fold_over_the_whole_log_counts_from_the_start_and_an_upgrade_from_now(admin_client):
+    enqueue("echo", {})
+    metrics.fold_events()
+    assert flow_rollup.since() == flow_rollup.FROM_THE_START
+    assert "data-counted-since" not in admin_client.get("/dashboard/queues/?window=7d").content.decode()
+    # An upgrade: a checkpoint folded before the rollup existed.
+    MetricsCheckpoint.objects.update(flow_since=None)
+    enqueue("echo", {})
+    before = timezone.now()
+    metrics.fold_events()
+    assert flow_rollup.since() >= before
+    assert "data-counted-since" in admin_client.get("/dashboard/queues/?window=7d").content.decode()
