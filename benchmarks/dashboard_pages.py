@@ -1,12 +1,16 @@
 """Time each dashboard and admin page with 1,000,000 jobs in PostgreSQL.
 
-    DATABASE_URL=postgres://postgres@127.0.0.1:5432/jq_bench .venv/bin/python benchmarks/dashboard_pages.py [--jobs N] [--keep]
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/jq_bench .venv/bin/python benchmarks/dashboard_pages.py [--jobs N] [--hours H] [--attempts K] [--keep]
 
 Creates the database if needed, migrates it, seeds N jobs (default 1,000,000) with
 INSERT ... SELECT generate_series: 70% completed, 20% pending (ready, scheduled and
 retrying), and the rest leased, dead-lettered and cancelled, with enqueued and
-claimed and completed events spread over the last two hours. Then asks each page through Django's
-test client (the whole stack but the socket) and prints the median of 5 requests.
+claimed and completed events spread over the last H hours (default 2; 168 puts a week
+of history under the 7-day window), each completed job with K - 1 failed attempts
+before its last (default 1 attempt; 6 makes about 10,000,000 events per 1,000,000
+jobs). Then folds the seeded history into the queues page's flow rollup once
+(metrics.rebuild_flow, timed; --keep reuses a rollup already built), asks each page through Django's test client (the whole
+stack but the socket) and prints the median of 5 requests, with the load average.
 """
 
 import argparse
@@ -14,6 +18,7 @@ import os
 import statistics
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,15 +36,15 @@ SELECT
     (ARRAY['default', 'mail', 'media'])[1 + i %% 3],
     jsonb_build_object('n', i, 'to', 'user' || i || '@example.com'),
     (i %% 7) - 3,
-    CASE WHEN s = 'scheduled' THEN now() + interval '1 hour' ELSE now() - (i %% 7200) * interval '1 second' END,
+    CASE WHEN s = 'scheduled' THEN now() + interval '1 hour' ELSE now() - (i %% %(spread)s) * interval '1 second' END,
     CASE WHEN s IN ('ready', 'scheduled', 'retrying') THEN 'pending' ELSE s END,
     CASE WHEN s IN ('retrying', 'leased') THEN 1 WHEN s = 'dead_letter' THEN 3 ELSE 0 END,
     3,
     CASE WHEN s = 'leased' THEN 'bench-worker' END,
     CASE WHEN s = 'leased' THEN now() + interval '30 seconds' END,
-    now() - (i %% 7200) * interval '1 second',
-    CASE WHEN s IN ('completed', 'leased', 'dead_letter') THEN now() - (i %% 7200) * interval '1 second' END,
-    CASE WHEN s IN ('completed', 'dead_letter', 'cancelled') THEN now() - (i %% 7200) * interval '1 second' END,
+    now() - (i %% %(spread)s) * interval '1 second',
+    CASE WHEN s IN ('completed', 'leased', 'dead_letter') THEN now() - (i %% %(spread)s) * interval '1 second' END,
+    CASE WHEN s IN ('completed', 'dead_letter', 'cancelled') THEN now() - (i %% %(spread)s) * interval '1 second' END,
     CASE WHEN s IN ('dead_letter', 'retrying') THEN '{"type": "Boom", "message": "boom", "traceback": ""}'::jsonb END
 FROM (
     SELECT i, CASE
@@ -54,15 +59,24 @@ FROM (
 ) AS g
 """
 
+# Attempt k of K (k < K) of a completed job: claimed, then failed a second later, k
+# seconds into the job's life; attempt K is claimed and completed at its end.
 EVENTS = """
 INSERT INTO queue_app_event (job_id, type, at, attempt, worker, from_state, to_state, message, metadata)
 SELECT id, 'enqueued', created_at, 0, '', '', 'pending', '', '{}'::jsonb FROM queue_app_job
 UNION ALL
-SELECT id, 'claimed', finished_at - (id % 10) * interval '1 second', 1, 'bench-worker', 'pending', 'leased', '',
-       '{}'::jsonb
+SELECT id, 'claimed', created_at + k * interval '1 second', k, 'bench-worker', 'pending', 'leased', '', '{}'::jsonb
+FROM queue_app_job, generate_series(1, %(attempts)s - 1) AS k WHERE state = 'completed'
+UNION ALL
+SELECT id, 'failed', created_at + k * interval '1 second' + interval '0.5 second', k, 'bench-worker', 'leased',
+       'pending', 'boom', '{}'::jsonb
+FROM queue_app_job, generate_series(1, %(attempts)s - 1) AS k WHERE state = 'completed'
+UNION ALL
+SELECT id, 'claimed', finished_at - (id %% 10) * interval '1 second', %(attempts)s, 'bench-worker', 'pending',
+       'leased', '', '{}'::jsonb
 FROM queue_app_job WHERE state = 'completed'
 UNION ALL
-SELECT id, 'completed', finished_at, 1, 'bench-worker', 'leased', 'completed', '', '{}'::jsonb
+SELECT id, 'completed', finished_at, %(attempts)s, 'bench-worker', 'leased', 'completed', '', '{}'::jsonb
 FROM queue_app_job WHERE state = 'completed'
 UNION ALL
 SELECT id, 'dead_lettered', finished_at, 3, 'bench-worker', 'leased', 'dead_letter', 'boom', '{}'::jsonb
@@ -84,7 +98,7 @@ def ensure_database(url):
             conn.execute(f'CREATE DATABASE "{name}"')
 
 
-def seed(n):
+def seed(n, hours, attempts):
     from django.db import connection
 
     with connection.cursor() as cursor:
@@ -92,14 +106,20 @@ def seed(n):
             "TRUNCATE queue_app_event, queue_app_deadletter, queue_app_job RESTART IDENTITY CASCADE"
         )
         t = time.perf_counter()
-        cursor.execute(SEED, {"n": n})
-        cursor.execute(EVENTS)
+        cursor.execute(SEED, {"n": n, "spread": int(hours * 3600)})
+        cursor.execute(EVENTS, {"attempts": attempts})
         cursor.execute(
-            "UPDATE queue_app_job SET run_at = started_at - (id % 30) * interval '1 second' "
+            "UPDATE queue_app_job SET run_at = started_at - (id % 30) * interval '1 second', "
+            f"attempts = {attempts}, max_attempts = greatest(max_attempts, {attempts}) "
             "WHERE state = 'completed'"
         )
         cursor.execute(LETTERS)
-        print(f"seeded {n:,} jobs with events in {time.perf_counter() - t:.1f}s")
+        # The metrics fold starts afresh (its first fold recounts the seeded jobs).
+        for table in ("metricscheckpoint", "eventcount", "jobcount", "jobhistogram"):
+            cursor.execute(f"DELETE FROM queue_app_{table}")
+        cursor.execute("SELECT count(*) FROM queue_app_event")
+        events = cursor.fetchone()[0]
+        print(f"seeded {n:,} jobs and {events:,} events over {hours:g} h in {time.perf_counter() - t:.1f}s")
     # Fresh statistics and a visibility map, as autovacuum would give a live table.
     connection.ensure_connection()
     connection.connection.autocommit = True
@@ -114,6 +134,8 @@ def seed(n):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=1_000_000)
+    parser.add_argument("--hours", type=float, default=2, help="spread the history over this many hours")
+    parser.add_argument("--attempts", type=int, default=1, help="attempts per completed job (K - 1 failed)")
     parser.add_argument("--keep", action="store_true", help="reuse the jobs already seeded")
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
@@ -133,10 +155,22 @@ def main():
     from django.test.utils import setup_test_environment
 
     from queue_app.models import Job
+    from queue_app.ops import metrics
 
     call_command("migrate", verbosity=0)
-    if not args.keep or not Job.objects.exists():
-        seed(args.jobs)
+    seeded = not args.keep or not Job.objects.exists()
+    if seeded:
+        seed(args.jobs, args.hours, args.attempts)
+    # A tree from before the rollup has none; --keep keeps a rollup already built.
+    if hasattr(metrics, "rebuild_flow") and (seeded or not _has_rollup()):
+        from django.utils import timezone
+
+        t = time.perf_counter()
+        metrics.catch_up()
+        print(f"metrics fold caught up in {time.perf_counter() - t:.1f}s")
+        t = time.perf_counter()
+        read = metrics.rebuild_flow(timezone.now() - timedelta(days=8))
+        print(f"flow rollup rebuilt from {read:,} events in {time.perf_counter() - t:.1f}s")
     settings.ALLOWED_HOSTS = ["testserver"]
     setup_test_environment()
     user, _ = get_user_model().objects.get_or_create(
@@ -161,7 +195,9 @@ def main():
         ("workers", "/dashboard/workers/"),
         ("queues (window 1h)", "/dashboard/queues/"),
         ("queues ?window=5m", "/dashboard/queues/?window=5m"),
+        ("queues ?window=15m", "/dashboard/queues/?window=15m"),
         ("queues ?window=24h", "/dashboard/queues/?window=24h"),
+        ("queues ?window=7d", "/dashboard/queues/?window=7d"),
         ("queues partial", "/dashboard/queues/?partial=1"),
         ("running now", "/dashboard/running/"),
         ("schedules", "/dashboard/schedules/"),
@@ -172,7 +208,7 @@ def main():
         ("admin dead letters", "/admin/queue_app/deadletter/"),
     ]
     total = Job.objects.count()
-    print(f"{total:,} jobs; median of {args.repeat} requests per page")
+    print(f"{total:,} jobs; median of {args.repeat} requests per page; load average {_load()}")
     print(f"{'page':40} {'median ms':>10} {'max ms':>8}")
     for name, path in pages:
         times = []
@@ -183,6 +219,17 @@ def main():
             if response.status_code != 200:
                 sys.exit(f"{path} answered {response.status_code}")
         print(f"{name:40} {statistics.median(times):10.1f} {max(times):8.1f}")
+    print(f"load average {_load()}")
+
+
+def _has_rollup():
+    from queue_app.models import FlowBucket
+
+    return FlowBucket.objects.exists()
+
+
+def _load():
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 if __name__ == "__main__":

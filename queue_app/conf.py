@@ -201,9 +201,6 @@ DEFAULTS = {
     "DASHBOARD_COUNT_CAP": 100000,
     "DASHBOARD_PAGE_SIZE": 50,
     "DASHBOARD_REFRESH_SECONDS": 5,
-    # The queues page's wait and run percentiles come from the newest this many completed
-    # attempts in its window: a bounded read at any volume, exact below it.
-    "DASHBOARD_DURATION_SAMPLE": 5000,
     # Flow control (flow.py): kind -> {"concurrency": N, "per_key": N, "rate_limit": N,
     # "rate_period": s, "fair": bool, "fair_weights": {key: N}}; per_key caps leased
     # jobs per Job.concurrency_key; fair leases the concurrency keys (tenants)

@@ -603,6 +603,12 @@ class Worker(models.Model):
     # Set by `stopworkers --quiet`, the dashboard or the API; seen where the stop request is.
     quiet_requested_at = models.DateTimeField(null=True, blank=True)
     jobs_in_hand = models.PositiveIntegerField(default=0)
+    # {job id: thread number within its child} of the jobs its threads run, as the last
+    # heartbeat saw them (Running now's thread column). Kept here, not on the job row:
+    # which thread runs a job is the worker's business and changes with no event, and
+    # the supervisor already reads it from the children's shared memory each heartbeat,
+    # so recording it adds nothing to the claim or the start of a job.
+    running_threads = models.JSONField(default=dict, blank=True)
     jobs_done = models.PositiveBigIntegerField(default=0)
     # Database outages this worker waited out (worker/outages.py): jobqueue_db_reconnects_total.
     db_reconnects = models.PositiveBigIntegerField(default=0)
@@ -687,6 +693,41 @@ class JobHistogram(models.Model):
         return f"{self.metric} {self.kind} {self.queue_name}: {self.count}"
 
 
+class FlowSpan(models.TextChoices):
+    # One minute: the queues page's windows up to an hour (kept two hours).
+    MINUTE = "m"
+    # One hour: its 24-hour and 7-day windows (kept eight days).
+    HOUR = "h"
+
+
+class FlowBucket(models.Model):
+    """One queue and kind's flow in one minute or one hour, folded from the event log
+    with EventCount (ops/flow_rollup.py): jobs enqueued, attempts completed and failed,
+    and sketches of the waits (due to claimed) and run times (claimed to completed) that
+    began and ended in it. The queues page reads these rows, a few per bucket of its
+    window, never the events."""
+
+    span = models.CharField(max_length=1, choices=FlowSpan.choices)
+    start = models.DateTimeField()
+    queue_name = models.CharField(max_length=QUEUE_NAME_MAX_LENGTH)
+    kind = models.CharField(max_length=KIND_MAX_LENGTH)
+    enqueued = models.BigIntegerField(default=0)
+    completed = models.BigIntegerField(default=0)
+    failed = models.BigIntegerField(default=0)
+    # {sketch index: count} (flow_rollup.index): log-scale buckets, a tenth apart.
+    waits = models.JSONField(default=dict, blank=True)
+    runs = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        constraints = [
+            # Also the index a window's read and the retention's delete seek on.
+            models.UniqueConstraint(fields=["span", "start", "queue_name", "kind"], name="jq_flow_key"),
+        ]
+
+    def __str__(self):
+        return f"{self.queue_name} {self.kind} {self.span}{self.start:%Y-%m-%d %H:%M}"
+
+
 class MetricsCheckpoint(models.Model):
     """One row (id=1): how far the event log has been folded into EventCount.
 
@@ -702,6 +743,9 @@ class MetricsCheckpoint(models.Model):
     # JobCount holds the events up to this id as a recount (None: not counted yet, the
     # next fold recounts); later events move jobs between its rows.
     counts_from = models.BigIntegerField(null=True, blank=True)
+    # FlowBucket holds the events folded from about this time on (None: no fold with it
+    # yet); the queues page says so for a window that starts earlier.
+    flow_since = models.DateTimeField(null=True, blank=True)
 
     def __str__(self):
         return f"events folded up to #{self.last_event_id}"

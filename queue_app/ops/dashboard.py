@@ -20,7 +20,7 @@ from queue_app.models import (
     State,
     WorkerState,
 )
-from queue_app.ops import reads
+from queue_app.ops import flow_rollup, metrics, reads
 from queue_app.worker import schedules as scheduling
 
 # Names shown for statuses whose identifier reads badly.
@@ -254,6 +254,7 @@ def spark(row, start, bucket, width=160, height=32):
     top = max([d + f for d, f in zip(done, failed)] + came + [1])
     slot = width / len(done)
     stamp = "%H:%M" if bucket < timedelta(hours=1) else "%d %H:00"
+    per = bucket_name(bucket)
     bars, points = [], []
     for i, (d, f, c) in enumerate(zip(done, failed, came)):
         hd, hf = height * d / top, height * f / top
@@ -272,16 +273,30 @@ def spark(row, start, bucket, width=160, height=32):
         points.append(f"{round((i + 0.5) * slot, 1)},{round(height - height * c / top, 1)}")
     label = (
         f"{row['enqueued']} enqueued, {row['completed']} completed, {row['failed']} failed "
-        f"in the window; busiest {'minute' if bucket < timedelta(hours=1) else 'hour'} {top}"
+        f"in the window; busiest {per} {top}"
     )
     return Spark(bars=bars, line=" ".join(points), max=top, label=label, width=width, height=height)
+
+
+def bucket_name(bucket):
+    """A chart bucket in words: minute, hour, 6 hours."""
+    if bucket == timedelta(minutes=1):
+        return "minute"
+    if bucket == timedelta(hours=1):
+        return "hour"
+    return f"{int(bucket.total_seconds() // 3600)} hours"
 
 
 def queues(now=None, window=reads.FLOW_WINDOW_DEFAULT, limits=()):
     """The queues page: reads.queues() rows over ``window``, each with its flow chart, its
     kind's limit (of ``limits``, as limits() gives them) and what its Pause/Resume buttons
-    act on: (scope, name, paused now) for its queue and its kind."""
-    rows, start, bucket = reads.queues(now, window)
+    act on: (scope, name, paused now) for its queue and its kind. The newest events are
+    folded into the flow rollup first (metrics.fold_recent), as a scrape does."""
+    metrics.fold_recent()
+    now = now or timezone.now()
+    live, oldest = metrics.live_counts(now=now)
+    rows, start, bucket = reads.queues(live, oldest, now, window)
+    since = flow_rollup.since()
     by_kind = {entry["limit"].kind: entry for entry in limits}
     for r in rows:
         r["limit"] = by_kind.get(r["kind"])
@@ -291,8 +306,9 @@ def queues(now=None, window=reads.FLOW_WINDOW_DEFAULT, limits=()):
         "rows": rows,
         "window": window,
         "windows": list(reads.FLOW_WINDOWS),
-        "per": "minute",
-        "sample": settings.DASHBOARD_DURATION_SAMPLE,
+        "per": bucket_name(bucket),
+        # The rollup began inside the window: it counts only from then.
+        "counted_since": since if since and since > start else None,
     }
 
 
@@ -330,11 +346,13 @@ def schedules(now=None):
 
 def running(now=None, worker=None):
     """The running-now page's rows (only ``worker``'s, a name, if given): each leased job
-    with its worker (the registered row whose name starts its lease owner), child, runtime
-    and time left on its lease."""
+    with its worker (the registered row whose name starts its lease owner), child, thread
+    (from the worker's last heartbeat, Worker.running_threads; None until a heartbeat has
+    seen it running), runtime and time left on its lease."""
     now = now or timezone.now()
     jobs = reads.running_now(worker=worker)
-    names = sorted({w.name for w in reads.worker_rows(include_stopped=False)}, key=len, reverse=True)
+    alive = {w.name: w for w in reads.worker_rows(include_stopped=False)}
+    names = sorted(alive, key=len, reverse=True)
     rows = []
     for job in jobs:
         worker = next((n for n in names if job.lease_owner.startswith(f"{n}/")), "")
@@ -343,6 +361,7 @@ def running(now=None, worker=None):
                 "job": job,
                 "worker": worker or job.lease_owner.split("/")[0],
                 "child": job.lease_owner.rpartition("/")[2],
+                "thread": (alive[worker].running_threads or {}).get(str(job.id)) if worker else None,
                 "running_for": age(job.started_at, now) if job.started_at else "",
                 "lease_left": durations.format(max(0.0, (job.lease_expires_at - now).total_seconds()))
                 if job.lease_expires_at
@@ -368,6 +387,7 @@ def workers(now=None):
                 {
                     "job": job,
                     "child": child,
+                    "thread": (w.running_threads or {}).get(str(job.id)),
                     "running_for": age(job.started_at, now) if job.started_at else "",
                 }
                 for job, child in held.get(w.name, [])

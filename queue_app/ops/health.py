@@ -1,9 +1,12 @@
 """GET /health: is this deployment able to run jobs? 200 when every check passes, else 503.
 
 Checks: the database answers, every migration is applied, and at least
-HEALTH_MIN_WORKERS workers are live (set it to 0 for web-only nodes): not stopped and not
+HEALTH_MIN_WORKERS workers lease (set it to 0 for web-only nodes): live (not stopped, not
 lost, by the one rule in ``Worker.objects.live()`` that the dashboard, the admin,
-`manage.py workers` and /metrics also use.
+`manage.py workers` and /metrics also use) and neither quiet nor stopping
+(``Worker.objects.leasing()``). A quiet worker is alive but takes no new job, so a
+deployment whose workers are all quiet cannot run jobs: /health says so. ``alive`` is
+reported beside ``leasing`` so the difference shows.
 Anyone may ask; only a staff session or an API key sees the checks' error text, which
 names database hosts, ports and users (web/health.py).
 """
@@ -38,8 +41,9 @@ def check(using=None):
         return False, checks
     need = settings.HEALTH_MIN_WORKERS
     try:
-        alive = Worker.objects.using(db).live().count()
-        checks["workers"] = {"ok": alive >= need, "alive": alive, "required": need}
+        workers = Worker.objects.using(db)
+        alive, leasing = workers.live().count(), workers.leasing().count()
+        checks["workers"] = {"ok": leasing >= need, "alive": alive, "leasing": leasing, "required": need}
     except DatabaseError as exc:
         checks["workers"] = {"ok": need == 0, "error": str(exc).strip()[:200], "required": need}
     return all(c["ok"] for c in checks.values()), checks

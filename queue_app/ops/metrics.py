@@ -31,6 +31,8 @@ Why a scrape stays cheap with millions of rows:
   shows such drift and ``--repair`` recounts.
 - The wait (ready to claimed) and run (claimed to completed) histograms are folded per
   kind and queue into ``JobHistogram``, bucket bounds from settings.
+- The same pass adds the queues page's flow per minute and per hour (``FlowBucket``,
+  ops/flow_rollup.py): the events and durations it has already looked up, nothing more.
 
 Label cardinality is bounded: ``state`` and ``type`` come from fixed enums; ``kind``
 and ``queue`` keep at most METRICS_MAX_KINDS / METRICS_MAX_QUEUES values (registered
@@ -63,6 +65,7 @@ from queue_app.models import (
     Event,
     EventCount,
     EventType,
+    FlowBucket,
     HistogramMetric,
     Job,
     JobCount,
@@ -77,7 +80,7 @@ from queue_app.models import (
     late_before,
     status_q,
 )
-from queue_app.ops import reads
+from queue_app.ops import flow_rollup, reads
 
 OTHER = "_other"
 # Worker status labels in the exposition's stable order (the one WORKER_STATUSES table).
@@ -178,6 +181,9 @@ def _fold(db, now):
             for type_, n in old.values_list("type").annotate(n=Count("id")).order_by():
                 counts[type_] = counts.get(type_, 0) + n
             last = top - batch
+    # The rollup counts from now (an upgrade; a history too long to stream, counted in
+    # bulk above), or from the start when this fold streams the whole log.
+    flow_since = cp.flow_since or (flow_rollup.FROM_THE_START if last == 0 else now)
     counts_from = cp.counts_from
     if counts_from is None:
         counts_from = _recount(db)
@@ -206,6 +212,7 @@ def _fold(db, now):
             gaps={str(k): v for k, v in gaps.items()},
             folded_at=now,
             counts_from=counts_from,
+            flow_since=flow_since,
         )
     )
     if not changed:
@@ -213,16 +220,20 @@ def _fold(db, now):
     for type_, n in counts.items():
         if not EventCount.objects.using(db).filter(type=type_).update(count=F("count") + n):
             EventCount.objects.using(db).create(type=type_, count=n)
-    # Only the events that move a job, or time it, need the job's kind and queue.
+    # Only the events that move a job, time it or count in its flow need the job's kind
+    # and queue.
     rows = [
         row
         for row in rows
         if (row[FROM] != row[TO] and row[ID] > counts_from)
         or row[TYPE] in (EventType.CLAIMED, EventType.COMPLETED)
+        or row[TYPE] in flow_rollup.COUNTED
     ]
     jobs = _jobs(db, {row[JOB] for row in rows})
     _fold_counts(db, [row for row in rows if row[ID] > counts_from], jobs)
-    _fold_histograms(db, rows, jobs)
+    observed = _fold_histograms(db, rows, jobs)
+    if rows:  # a fold with nothing new leaves the rollup (and its retention) alone
+        flow_rollup.fold(db, [(row[TYPE], row[JOB], row[AT]) for row in rows], jobs, observed, now)
     return sum(counts.values())
 
 
@@ -368,18 +379,17 @@ def verify(*, using=None, repair=False):
     return drift
 
 
-def _fold_histograms(db, rows, jobs):
-    """Claimed events time the wait (ready to claimed); completed ones the run (claimed
-    to completed, of the same attempt)."""
-    adds = {}
-    wait_bounds, run_bounds = _bounds(HistogramMetric.WAIT), _bounds(HistogramMetric.RUN)
+def _observations(db, rows, jobs):
+    """What ``rows`` time, [(metric, at, job_id, seconds)]: claimed events the wait (ready
+    to claimed), completed ones the run (claimed to completed, of the same attempt)."""
+    observed = []
     for row in rows:
         job = jobs.get(row[JOB])
         if row[TYPE] != EventType.CLAIMED or job is None:
             continue
         # A run_at after the claim was moved since (a retry, a snooze): that wait is unknown.
         if job[2] is not None and job[2] <= row[AT]:
-            _observe(adds, HistogramMetric.WAIT, job, (row[AT] - job[2]).total_seconds(), wait_bounds)
+            observed.append((HistogramMetric.WAIT, row[AT], row[JOB], (row[AT] - job[2]).total_seconds()))
     completed = [row for row in rows if row[TYPE] == EventType.COMPLETED and row[JOB] in jobs]
     started = {}
     job_ids = sorted({row[JOB] for row in completed})
@@ -390,10 +400,23 @@ def _fold_histograms(db, rows, jobs):
     for row in completed:
         begun = started.get((row[JOB], row[ATTEMPT]))
         if begun is not None:  # else written without a claim
-            seconds = max((row[AT] - begun).total_seconds(), 0.0)
-            _observe(adds, HistogramMetric.RUN, jobs[row[JOB]], seconds, run_bounds)
+            observed.append(
+                (HistogramMetric.RUN, row[AT], row[JOB], max((row[AT] - begun).total_seconds(), 0.0))
+            )
+    return observed
+
+
+def _fold_histograms(db, rows, jobs):
+    """Add what ``rows`` time (_observations) to JobHistogram; return it, for the flow rollup."""
+    adds, observed = {}, _observations(db, rows, jobs)
+    bounds = {
+        HistogramMetric.WAIT: _bounds(HistogramMetric.WAIT),
+        HistogramMetric.RUN: _bounds(HistogramMetric.RUN),
+    }
+    for metric, _, job_id, seconds in observed:
+        _observe(adds, metric, jobs[job_id], seconds, bounds[metric])
     if not adds:
-        return
+        return observed
     known = {m: set() for m in HistogramMetric.values}
     for metric, kind, queue in JobHistogram.objects.using(db).values_list("metric", "kind", "queue_name"):
         known[metric].add((kind, queue))
@@ -415,6 +438,7 @@ def _fold_histograms(db, rows, jobs):
         row.count += n
         row.sum += total
         row.save(using=db)
+    return observed
 
 
 def _observe(adds, metric, job, seconds, bounds):
@@ -505,6 +529,31 @@ def _pending(db, groups, pauses, now):
     return out, oldest
 
 
+# The stored states the queues page counts as they are, by its names (reads.LIVE_COUNTS).
+_LIVE_STATES = {State.WAITING: "waiting", State.LEASED: "leased", State.DEAD_LETTER: "deadletter"}
+
+
+def live_counts(*, using=None, now=None):
+    """The queues page's live jobs per (queue, kind) by status (reads.LIVE_COUNTS), and
+    {queue: its oldest ready job's run_at} (paused queues and kinds left out), read as a
+    scrape reads them: JobCount and index seeks (_pending), no pass over the job table.
+    As fresh as the last fold (fold_recent)."""
+    db = _db(using)
+    now = now or timezone.now()
+    groups = _kept_groups(db)
+    pauses = set(Pause.objects.using(db).values_list("scope", "name"))
+    pending, oldest = _pending(db, groups, pauses, now)
+    out = {}
+    for state, kind, queue, n in groups:
+        if state in _LIVE_STATES:
+            out.setdefault((queue, kind), dict.fromkeys(reads.LIVE_COUNTS, 0))[_LIVE_STATES[state]] += n
+    for key, counts in pending.items():
+        row = out.setdefault(key, dict.fromkeys(reads.LIVE_COUNTS, 0))
+        for name in PENDING_STATUSES:
+            row[name] = counts[name]
+    return out, oldest
+
+
 def _limit_held(db, ready_by_kind, leased_by_kind, now):
     """Ready jobs of kinds whose concurrency or rate limit is spent right now."""
     held = 0
@@ -518,13 +567,48 @@ def _limit_held(db, ready_by_kind, leased_by_kind, now):
     return held
 
 
-def snapshot(*, using=None, now=None):
-    """Fold new events and read every metric the queue exports."""
+def fold_recent(*, using=None, now=None):
+    """Fold new events in full batches for at most _FOLD_SECONDS (what a scrape or the
+    queues page does before it reads); the rest waits for the next caller."""
     db = _db(using)
     started = time.monotonic()
     while fold_events(using=db, now=now) >= settings.METRICS_FOLD_BATCH:
         if time.monotonic() - started > _FOLD_SECONDS:
             break
+
+
+def rebuild_flow(since, *, using=None, batch=None):
+    """Refill the flow rollup (FlowBucket) from the events at or after ``since`` up to
+    the fold's checkpoint, and record ``since`` as where it counts from; return how
+    many events it read. One pass over those events in id order, ``batch`` at a time,
+    under the fold's lock: for a benchmark's seeded history, or once after an upgrade."""
+    db = _db(using)
+    batch = batch or settings.METRICS_FOLD_BATCH
+    with transaction.atomic(using=db):
+        catch_up(using=db)
+        cp = MetricsCheckpoint.objects.using(db).select_for_update().get(id=1)
+        FlowBucket.objects.using(db).all().delete()
+        events = Event.objects.using(db).filter(
+            at__gte=since, id__lte=cp.last_event_id, type__in=flow_rollup.COUNTED | {EventType.CLAIMED}
+        )
+        after, read, delta, now = 0, 0, {}, timezone.now()
+        while True:
+            rows = list(events.filter(id__gt=after).order_by("id").values_list(*_FIELDS)[:batch])
+            if not rows:
+                break
+            after, read = rows[-1][ID], read + len(rows)
+            jobs = _jobs(db, {row[JOB] for row in rows})
+            observed = _observations(db, rows, jobs)
+            flow_rollup.collect(delta, [(row[TYPE], row[JOB], row[AT]) for row in rows], jobs, observed, now)
+        flow_rollup.write_fresh(db, delta)
+        MetricsCheckpoint.objects.using(db).filter(id=1).update(flow_since=since)
+    return read
+
+
+def snapshot(*, using=None, now=None):
+    """Fold new events and read every metric the queue exports."""
+    db = _db(using)
+    fold_recent(using=db, now=now)
     now = now or timezone.now()
     # The maintained counts, never a count over the job table.
     groups = _kept_groups(db)

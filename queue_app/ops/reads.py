@@ -22,14 +22,12 @@ from django.db.models import (
     F,
     Max,
     Min,
-    OuterRef,
     Q,
-    Subquery,
     Sum,
     TextField,
 )
 from django.db.models.fields.json import KeyTextTransform
-from django.db.models.functions import Cast, Length, Substr, TruncHour, TruncMinute
+from django.db.models.functions import Cast, Length, Substr, TruncMinute
 from django.utils import timezone
 from django.utils.functional import cached_property
 
@@ -38,11 +36,8 @@ from queue_app.exceptions import InvalidJob, JobNotFound
 from queue_app.models import (
     LATE,
     LOST,
-    PAUSED,
     PENDING_STATUSES,
     READY,
-    RETRYING,
-    SCHEDULED,
     STATUSES,
     WORKER_STATUSES,
     DeadLetter,
@@ -56,7 +51,7 @@ from queue_app.models import (
     Worker,
     status_q,
 )
-from queue_app.ops import redaction
+from queue_app.ops import flow_rollup, redaction
 from queue_app.ops import why as explain
 
 # Stored states, in the order every surface shows them.
@@ -225,13 +220,15 @@ def kind_crashes():
     return list(KindCrashes.objects.order_by("-crashes", "kind"))
 
 
-# The queues page's windows: name -> (length, chart bucket). Each is read from the event
-# log's (type, at) index, so its cost follows the events inside it, not the table.
+# The queues page's windows: name -> (length, chart bucket). Each is read from the flow
+# rollup (flow_rollup.py: per minute for the chart buckets under an hour, per hour for
+# the rest), so its cost follows its buckets and the queues and kinds, never the events.
 FLOW_WINDOWS = {
     "5m": (timedelta(minutes=5), timedelta(minutes=1)),
     "15m": (timedelta(minutes=15), timedelta(minutes=1)),
     "1h": (timedelta(hours=1), timedelta(minutes=1)),
     "24h": (timedelta(hours=24), timedelta(hours=1)),
+    "7d": (timedelta(days=7), timedelta(hours=6)),
 }
 FLOW_WINDOW_DEFAULT = "1h"
 # What the queues page counts per window: attempts ended, and jobs that came in.
@@ -253,7 +250,7 @@ def percentile(values, p):
 
 
 def flow_window(name):
-    """(start, bucket, buckets) of the window called ``name`` (FLOW_WINDOWS), ending now:
+    """(length, bucket, buckets) of the window called ``name`` (FLOW_WINDOWS), ending now:
     whole buckets, the last of them the one under way. InvalidJob for another name."""
     if name not in FLOW_WINDOWS:
         raise InvalidJob(f"unknown window {name!r}; choose one of {', '.join(FLOW_WINDOWS)}", "window")
@@ -269,65 +266,29 @@ def _bucket_start(now, bucket, buckets):
 
 def flow(window=FLOW_WINDOW_DEFAULT, now=None):
     """Per (queue, kind) over ``window``: jobs enqueued and attempts completed and failed,
-    in all and per chart bucket, and the p50/p95 queue wait and run time of the newest
-    DASHBOARD_DURATION_SAMPLE completed attempts. Returns (start, bucket, {(queue, kind): row}).
+    in all and per chart bucket, and the p50/p95 queue wait and run time of the attempts
+    timed in it. Returns (start, bucket, {(queue, kind): row}).
 
-    Wait is from when the attempt was due (the job's run_at, which a claim leaves alone)
-    to its claimed event; run is from that claim to the completion. Both reads start at
-    the (type, at) index: the counts touch only the window's events (one group-by), the
-    durations at most the sample (newest first, each claim found by the event's job index).
-    """
+    Read from the flow rollup (FlowBucket, folded from the event log by the metrics fold:
+    call metrics.fold_recent() first for the newest events). Wait is from when the
+    attempt was due (the job's run_at) to its claim, run from the claim to the
+    completion; the percentiles come from the rollup's sketches, within 10%."""
     now = now or timezone.now()
     length, bucket, buckets = flow_window(window)
     start = _bucket_start(now, bucket, buckets)
-    trunc = TruncMinute if bucket < timedelta(hours=1) else TruncHour
     table = {}
-
-    def row(queue, kind):
-        return table.setdefault((queue, kind), _no_flow(buckets))
-
-    series = {EventType.ENQUEUED: "enqueued", EventType.COMPLETED: "completed"}
-    counted = (
-        Event.objects.filter(
-            type__in=[EventType.ENQUEUED, EventType.COMPLETED, *FAILURE_EVENTS], at__gte=start
-        )
-        .order_by()
-        .annotate(b=trunc("at", tzinfo=UTC))
-        .values("job__queue_name", "job__kind", "type", "b")
-        .annotate(n=Count("id"))
-    )
-    for r in counted:
-        target = row(r["job__queue_name"], r["job__kind"])
-        name = series.get(r["type"], "failed")
-        target[name] += r["n"]
-        i = int((r["b"] - start) / bucket)
-        if 0 <= i < buckets:
-            target[f"{name}_series"][i] += r["n"]
-    claimed_at = (
-        Event.objects.filter(job_id=OuterRef("job_id"), attempt=OuterRef("attempt"), type=EventType.CLAIMED)
-        .order_by("-id")
-        .values("at")[:1]
-    )
-    newest = (
-        Event.objects.filter(type=EventType.COMPLETED, at__gte=start)
-        .order_by("-at")
-        .annotate(claimed_at=Subquery(claimed_at))
-        .values_list("job__queue_name", "job__kind", "at", "claimed_at", "job__run_at")
-    )
-    durations = {}
-    for queue, kind, done_at, claimed, due in newest[: int(settings.DASHBOARD_DURATION_SAMPLE)]:
-        if claimed is None:  # pruned, or written by hand
-            continue
-        waits, runs = durations.setdefault((queue, kind), ([], []))
-        waits.append(max(0.0, (claimed - due).total_seconds()) if due else 0.0)
-        runs.append(max(0.0, (done_at - claimed).total_seconds()))
-    for key, (waits, runs) in durations.items():
-        row(*key).update(
-            wait_p50=percentile(waits, 0.5),
-            wait_p95=percentile(waits, 0.95),
-            run_p50=percentile(runs, 0.5),
-            run_p95=percentile(runs, 0.95),
-            sampled=len(runs),
+    for key, got in flow_rollup.window(start, bucket, buckets).items():
+        row = table[key] = _no_flow(buckets)
+        for name in FLOW_SERIES:
+            row[name] = got[name]
+            row[f"{name}_series"] = got[f"{name}_series"]
+        row.update(
+            wait_p50=flow_rollup.quantile(got["waits"], 0.5),
+            wait_p95=flow_rollup.quantile(got["waits"], 0.95),
+            run_p50=flow_rollup.quantile(got["runs"], 0.5),
+            run_p95=flow_rollup.quantile(got["runs"], 0.95),
+            sampled=sum(got["runs"].values()),
+            waited=sum(got["waits"].values()),
         )
     minutes = length.total_seconds() / 60
     for r in table.values():
@@ -344,14 +305,17 @@ def _no_flow(buckets):
         **{f"{name}_series": [0] * buckets for name in FLOW_SERIES},
         **dict.fromkeys(("wait_p50", "wait_p95", "run_p50", "run_p95"), None),
         "sampled": 0,
+        "waited": 0,
     }
 
 
-def queues(now=None, window=FLOW_WINDOW_DEFAULT):
-    """Per queue and kind: live jobs by status (waiting on dependencies, ready, scheduled,
-    retrying, paused, leased, dead letter), the oldest ready job's run_at (a paused
-    queue's jobs are held, not waiting, so never counted there), whether its queue or
-    kind is paused, and its flow over ``window`` (flow()). Returns (rows, start, bucket)."""
+def queues(live, oldest, now=None, window=FLOW_WINDOW_DEFAULT):
+    """Per queue and kind: ``live`` {(queue, kind): jobs by status (LIVE_COUNTS)}, the
+    oldest ready job's run_at of its queue (``oldest`` {queue: run_at}, on the rows with
+    ready jobs; a paused queue's jobs are held, not waiting, so never counted there),
+    whether its queue or kind is paused, and its flow over ``window`` (flow()). Returns
+    (rows, start, bucket). The live counts come from metrics.live_counts(), which reads
+    the maintained JobCount and index seeks, not the job table."""
     now = now or timezone.now()
     start, bucket, flows = flow(window, now)
     _, _, buckets = flow_window(window)
@@ -368,30 +332,21 @@ def queues(now=None, window=FLOW_WINDOW_DEFAULT):
             }
         return table[(queue, kind)]
 
-    live = (
-        Job.objects.filter(state__in=[State.WAITING, State.PENDING, State.LEASED, State.DEAD_LETTER])
-        .order_by()
-        .values("queue_name", "kind")
-        .annotate(
-            waiting=Count("id", filter=Q(state=State.WAITING)),
-            ready=Count("id", filter=status_q(READY, now)),
-            scheduled=Count("id", filter=status_q(SCHEDULED, now)),
-            retrying=Count("id", filter=status_q(RETRYING, now)),
-            paused=Count("id", filter=status_q(PAUSED, now)),
-            leased=Count("id", filter=Q(state=State.LEASED)),
-            deadletter=Count("id", filter=Q(state=State.DEAD_LETTER)),
-            oldest=Min("run_at", filter=status_q(READY, now)),
-        )
-    )
-    for r in live:
-        row(r.pop("queue_name"), r.pop("kind")).update(r)
+    for (queue, kind), counts in live.items():
+        if any(counts.values()):
+            target = row(queue, kind)
+            target.update(counts)
+            target["oldest"] = oldest.get(queue) if counts["ready"] else None
     for queue, kind in flows:
         row(queue, kind)
-    paused = set(Pause.objects.values_list("scope", "name"))
+    paused = {(p.scope, p.name): p for p in Pause.objects.all()}
     for r in table.values():
-        r["queue_paused"] = (PauseScope.QUEUE, r["queue"]) in paused
-        r["kind_paused"] = (PauseScope.KIND, r["kind"]) in paused
-        r["oldest_ready_seconds"] = (now - r["oldest"]).total_seconds() if r["oldest"] else None
+        # The Pause rows themselves (who, since when, why), or None.
+        r["queue_pause"] = paused.get((PauseScope.QUEUE, r["queue"]))
+        r["kind_pause"] = paused.get((PauseScope.KIND, r["kind"]))
+        r["queue_paused"] = r["queue_pause"] is not None
+        r["kind_paused"] = r["kind_pause"] is not None
+        r["oldest_ready_seconds"] = max((now - r["oldest"]).total_seconds(), 0.0) if r["oldest"] else None
     return [table[key] for key in sorted(table)], start, bucket
 
 

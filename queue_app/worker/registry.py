@@ -48,6 +48,7 @@ def register(name, *, pid, queues, kinds, concurrency, threads):
         "stop_requested_at": None,
         "quiet_requested_at": None,
         "jobs_in_hand": 0,
+        "running_threads": {},
         "jobs_done": 0,
     }
     with transaction.atomic():
@@ -67,13 +68,14 @@ def register(name, *, pid, queues, kinds, concurrency, threads):
         return old
 
 
-def heartbeat(worker_id, *, jobs_in_hand=0, jobs_done=0, db_reconnects=0):
-    """Stamp the worker's heartbeat."""
+def heartbeat(worker_id, *, jobs_in_hand=0, jobs_done=0, db_reconnects=0, running_threads=None):
+    """Stamp the worker's heartbeat (and, given {job_id: thread}, what its threads run)."""
     Worker.objects.filter(id=worker_id).update(
         last_heartbeat=timezone.now(),
         jobs_in_hand=jobs_in_hand,
         jobs_done=jobs_done,
         db_reconnects=db_reconnects,
+        running_threads={str(job_id): thread for job_id, thread in (running_threads or {}).items()},
     )
 
 
@@ -110,6 +112,7 @@ def deregister(worker_id, *, jobs_done=0, db_reconnects=0):
         stopped_at=now,
         last_heartbeat=now,
         jobs_in_hand=0,
+        running_threads={},
         jobs_done=jobs_done,
         db_reconnects=db_reconnects,
     )

@@ -263,6 +263,15 @@ class Slots:
         if until > self.cells[self.threads * self.WIDTH + 3]:
             self.cells[self.threads * self.WIDTH + 3] = until
 
+    def threads_running(self):
+        """Return {job_id: thread number} of the jobs the threads run now."""
+        out = {}
+        for i in range(self.threads):
+            job_id = int(self.cells[i * self.WIDTH])
+            if job_id:
+                out[job_id] = i
+        return out
+
 
 class Budget:
     """Jobs all children may still claim under --max-jobs (None: no limit)."""

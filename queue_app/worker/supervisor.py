@@ -549,11 +549,12 @@ class Supervisor:
 
     def _heartbeat(self):
         self.options = self.options.current()  # runtime settings (core/runtime.py)
-        in_hand = 0
+        in_hand, threads = 0, {}
         for child in list(self.children.values()):
             self._take_back_waiting(child)
             held = child.slots.held()
             in_hand += len(held)
+            threads.update(child.slots.threads_running())
             if held:
                 # What has reached its handler (running, or done and awaiting its
                 # acknowledgement), for recovery to tell from what never started.
@@ -579,6 +580,7 @@ class Supervisor:
             jobs_in_hand=in_hand,
             jobs_done=self._jobs_done(),
             db_reconnects=self._reconnects(),
+            running_threads=threads,
         )
 
     def _take_back_waiting(self, child):

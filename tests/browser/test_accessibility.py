@@ -82,6 +82,7 @@ def pages(world):
         ("quiet worker", reverse("queue_app_dashboard:worker_quiet", args=[world["worker"]])),
         ("queues", reverse("queue_app_dashboard:queues")),
         ("queues 24h", reverse("queue_app_dashboard:queues") + "?window=24h"),
+        ("queues 7d", reverse("queue_app_dashboard:queues") + "?window=7d"),
         ("schedules", reverse("queue_app_dashboard:schedules")),
         ("not found", "/dashboard/jobs/999999999/"),
     ]

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from queue_app.core import flow, transitions
 from queue_app.core.enqueueing import enqueue
-from queue_app.models import Job, State, Worker
+from queue_app.models import Job, Schedule, State, Worker
 from queue_app.worker.execution import run_one
 from tests.browser.conftest import CHROMIUM
 
@@ -157,21 +157,116 @@ def test_the_pause_refresh_button_stops_updates_until_resumed(page):
     assert "UTC" in page.inner_text("#live-status")
 
 
+def mark_focused(tab):
+    """Tag the focused element (a property on the node itself, which a swap would lose)."""
+    tab.evaluate("() => { document.activeElement.__marked = true; }")
+
+
+def still_marked_and_focused(tab):
+    return tab.evaluate(
+        "() => document.activeElement.__marked === true && document.getElementById('live').contains(document.activeElement)"
+    )
+
+
+def swaps(tab):
+    return int(tab.evaluate("() => Number(document.getElementById('live').dataset.swaps || 0)"))
+
+
 @pytest.mark.django_db(transaction=True)
-def test_refresh_holds_while_keyboard_focus_is_in_the_list_and_keeps_it_there(page):
-    enqueue("echo", {"n": 1})
+def test_a_refresh_that_adds_a_row_keeps_focus_on_the_same_link(page):
+    a = enqueue("echo", {"n": 1})
     page.goto("/dashboard/jobs/")
     page.wait_for_function("() => Number(document.getElementById('live').dataset.swaps || 0) >= 1")
-    page.focus("#live a[href*='/dashboard/jobs/']")
-    focused = page.evaluate("() => document.activeElement.getAttribute('href')")
-    enqueue("echo", {"n": 2})
-    page.wait_for_timeout(2500)
-    # Still the same element, still focused: no swap threw focus back to <body>.
-    assert page.evaluate("() => document.activeElement.getAttribute('href')") == focused
-    assert page.evaluate("() => document.getElementById('live').contains(document.activeElement)")
-    assert "Held while focus is in the list" in page.inner_text("#live-status")
-    page.focus("#live-toggle")
-    page.wait_for_function("() => document.querySelectorAll('#live tbody tr').length >= 2")
+    page.focus(f"#live a[href$='/dashboard/jobs/{a.id}/']")
+    mark_focused(page)
+    b = enqueue("echo", {"n": 2})
+    # The refresh happens with focus in the list (no hold) and puts the new row above it.
+    page.wait_for_selector(f"#job-row-{b.id}")
+    assert still_marked_and_focused(page)
+    assert page.evaluate("() => document.activeElement.getAttribute('href')").endswith(f"/jobs/{a.id}/")
+    assert "Held" not in page.inner_text("#live-status")
+    # Keyboard navigation goes on from there: Tab reaches the next focusable element in the row order.
+    page.keyboard.press("Shift+Tab")
+    assert page.evaluate("() => document.activeElement.closest('tr').id") == f"job-row-{a.id}"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_refresh_that_changes_other_rows_keeps_a_focused_checkbox_focused_and_picked(page):
+    a = enqueue("echo", {"n": 1})
+    b = enqueue("echo", {"n": 2})
+    page.goto("/dashboard/jobs/")
+    box = f'input[name="ids"][value="{a.id}"]'
+    page.focus(box)
+    page.keyboard.press("Space")
+    assert page.is_checked(box)
+    mark_focused(page)
+    transitions.cancel(b.id, actor="test")  # another row changes: its status cell
+    page.wait_for_selector(f'#job-row-{b.id} [data-status="cancelled"]')
+    assert still_marked_and_focused(page)
+    assert page.is_checked(box)
+    # Space again unpicks the same box: it is the element the user is on.
+    page.keyboard.press("Space")
+    assert not page.is_checked(box)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_refresh_keeps_the_scroll_of_a_table_inside_its_card(page):
+    for n in range(3):
+        enqueue("a-rather-long-kind-name.that_spills", {"n": n}, queue_name="a-long-queue-name")
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.goto("/dashboard/queues/")
+    scroller = "#live table.grid"  # on a phone the table scrolls inside its card
+    page.eval_on_selector(scroller, "(el) => { el.scrollLeft = 150; el.__marked = true; }")
+    before = page.eval_on_selector(scroller, "(el) => el.scrollLeft")
+    assert before > 0
+    n = swaps(page)
+    enqueue("a-rather-long-kind-name.that_spills", {"n": 9}, queue_name="a-long-queue-name")
+    wait_for_count(page, "ready", "4")
+    assert swaps(page) > n
+    assert page.eval_on_selector(scroller, "(el) => [el.__marked, el.scrollLeft]") == [True, before]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_traceback_opened_on_the_job_page_stays_open_across_a_refresh(page):
+    job = dead_job()
+    page.goto(f"/dashboard/jobs/{job.id}/")
+    page.click("summary:has-text('Traceback')")
+    opened = "#live details:has(pre.tb)"
+    assert page.eval_on_selector(opened, "(el) => el.open")
+    transitions.requeue(job.id, actor="test")
+    page.wait_for_selector('#live [data-status="ready"]')
+    assert "Requeued" in page.inner_text(".timeline")
+    assert page.eval_on_selector(opened, "(el) => el.open")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_pages_work_without_javascript(browser, live_server, django_user_model):
+    django_user_model.objects.create_superuser("boss", "boss@example.com", "pw")
+    job = enqueue("echo", {"n": 1})
+    context = browser.new_context(base_url=live_server.url, java_script_enabled=False)
+    tab = context.new_page()
+    try:
+        tab.goto("/dashboard/jobs/")
+        tab.fill("#id_username", "boss")
+        tab.fill("#id_password", "pw")
+        tab.click("input[type=submit]")
+        tab.wait_for_url(re.compile(r"/dashboard/jobs/$"))
+        assert tab.locator(f"#job-row-{job.id}").count() == 1
+        assert "reload the page if scripts are off" in tab.inner_text("#live-status")
+        # Without the script nothing refreshes in place: a reload does.
+        enqueue("echo", {"n": 2})
+        tab.wait_for_timeout(1500)
+        assert tab.locator("#live tbody tr").count() == 1
+        tab.reload()
+        assert tab.locator("#live tbody tr").count() == 2
+        tab.click(f"#job-row-{job.id} a")
+        tab.wait_for_url(re.compile(rf"/dashboard/jobs/{job.id}/$"))
+        assert tab.get_attribute("#live [data-status]", "data-status") == "ready"
+        tab.click("button:has-text('Cancel')")
+        tab.wait_for_selector(".messages li.success")
+        assert Job.objects.get(id=job.id).state == State.CANCELLED
+    finally:
+        context.close()
 
 
 @pytest.mark.django_db(transaction=True)
@@ -333,3 +428,68 @@ def test_the_job_page_says_why_for_each_reason_set_up_for_real(page):
     code, text = why(second)
     assert code == "busy" and "1 ready job(s) of queue 'busy' lease before it" in text
     assert why(first)[0] == "eligible"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_queues_page_pauses_a_queue_with_its_reason_and_switches_windows(page):
+    enqueue("echo", {}, queue_name="mail")
+    run_one(worker_id="w-browser")
+    enqueue("echo", {"n": 2}, queue_name="mail")
+    page.goto("/dashboard/queues/")
+    row = 'tr[data-queue="mail"][data-kind="echo"]'
+    assert page.inner_text(f'{row} [data-count="ready"]') == "1"
+    assert page.inner_text(f'{row} [data-count="completed"]') != "0"
+    page.click(f"{row} button:has-text('Pause queue')")
+    page.wait_for_selector(".messages li.success")
+    assert page.inner_text(f'{row} [data-count="paused"]') == "1"
+    assert page.inner_text(f'{row} [data-count="ready"]') == "0"
+    assert "by admin:boss" in page.inner_text(f'{row} [data-pause-why="queue"]')
+    page.click('nav.windows a[data-window="7d"]')
+    page.wait_for_url(re.compile(r"window=7d"))
+    assert page.inner_text('nav.windows [aria-current="true"]') == "7d"
+    assert "1 completed" in page.get_attribute(f"{row} svg.spark", "aria-label")
+    page.click(f"{row} button:has-text('Resume queue')")
+    page.wait_for_selector(".messages li.success")
+    assert page.inner_text(f'{row} [data-count="ready"]') == "1"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_running_now_lists_a_workers_job_and_quiet_asks_before_it_acts(page):
+    worker = Worker.objects.create(name="w-run", host="h", pid=1, queues=["*"], kinds=["export"])
+    enqueue("export", {})
+    (job,) = transitions.claim("w-run/t/c0", kinds=["export"])
+    Worker.objects.filter(id=worker.id).update(running_threads={str(job.id): 0}, jobs_in_hand=1)
+    page.goto("/dashboard/workers/")
+    page.click('[data-worker="w-run"] [data-worker-jobs]')
+    page.wait_for_url(re.compile(r"/dashboard/running/\?worker=w-run"))
+    running = f'[data-running="{job.id}"]'
+    assert "w-run" in page.inner_text(running) and page.inner_text(f"{running} [data-thread]") == "0"
+    page.goto("/dashboard/workers/")
+    page.click('[data-worker="w-run"] a:has-text("Quiet")')
+    page.wait_for_selector("button:has-text('Quiet w-run')")
+    assert Worker.objects.get(id=worker.id).quiet_requested_at is None  # asked, not done
+    page.click("button:has-text('Quiet w-run')")
+    page.wait_for_selector(".messages li.success")
+    assert Worker.objects.get(id=worker.id).quiet_requested_at is not None
+    assert "quiet requested" in page.inner_text('[data-worker="w-run"]')
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_jobs_list_finds_an_error_text_and_a_schedule_runs_now(page):
+    enqueue("boom", {"message": "ConnectionError: smtp down"}, max_attempts=1)
+    run_one(worker_id="w-browser", kinds=["boom"])
+    enqueue("echo", {"n": 1})
+    page.goto("/dashboard/jobs/")
+    page.fill('input[name="text"]', "ConnectionError")
+    page.click("form.filters button:has-text('Filter')")
+    page.wait_for_url(re.compile(r"text=ConnectionError"))
+    assert page.locator("#live tbody tr").count() == 1
+    assert "boom" in page.inner_text("#live tbody tr")
+    Schedule.objects.create(name="nightly", cron="0 3 * * *", kind="echo")
+    page.goto("/dashboard/schedules/")
+    page.click('[data-schedule="nightly"] button:has-text("Run now")')
+    page.wait_for_url(re.compile(r"/dashboard/jobs/\d+/$"))
+    assert "Schedule nightly" in page.inner_text(".messages")
+    page.goto("/dashboard/schedules/")
+    page.click('[data-schedule="nightly"] a[href*="schedule=nightly"]')
+    assert page.locator("#live tbody tr").count() == 1

@@ -3,7 +3,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from queue_app.models import Worker
+from queue_app.models import Worker, WorkerState
 
 pytestmark = pytest.mark.django_db
 
@@ -14,13 +14,26 @@ def test_health_is_503_without_a_live_worker(client):
     assert r.status_code == 503
     body = r.json()
     assert body["checks"]["database"]["ok"] and body["checks"]["migrations"]["ok"]
-    assert body["checks"]["workers"] == {"ok": False, "alive": 0, "required": 1}
+    assert body["checks"]["workers"] == {"ok": False, "alive": 0, "leasing": 0, "required": 1}
 
 
 def test_health_is_200_with_a_live_worker(client):
     Worker.objects.create(name="w", host="h", pid=1)
     r = client.get("/health")
     assert r.status_code == 200 and r.json()["status"] == "ok"
+
+
+@pytest.mark.parametrize("state", [WorkerState.QUIET, WorkerState.STOPPING])
+def test_health_is_503_when_the_only_live_worker_leases_no_more(client, state):
+    # Alive (fresh heartbeat) but told to go quiet or stop: it takes no new job.
+    Worker.objects.create(name="w", host="h", pid=1, state=state)
+    r = client.get("/health")
+    assert r.status_code == 503
+    assert r.json()["checks"]["workers"] == {"ok": False, "alive": 1, "leasing": 0, "required": 1}
+    Worker.objects.create(name="w2", host="h", pid=2)
+    r = client.get("/health")
+    assert r.status_code == 200
+    assert r.json()["checks"]["workers"] == {"ok": True, "alive": 2, "leasing": 1, "required": 1}
 
 
 def test_health_needs_no_worker_when_configured_so(client, settings):

@@ -40,6 +40,7 @@ from queue_app.templatetags import jobqueue_ui
 from queue_app.worker import schedules as scheduling
 from queue_app.worker.execution import run_one
 from tests.factories import DeadLetterFactory, JobFactory, make_staff
+from tests.worker_support import start_worker, stop, wait_for
 
 pytestmark = pytest.mark.django_db
 
@@ -156,6 +157,15 @@ def test_jobs_list_filters_by_status_and_pages_by_cursor(viewer, settings):
     second = viewer.get(url("jobs") + f"?status=dead_letter&before={first.older}").context["page"]
     assert [j.id for j in second.rows] == [dead[0].id]
     assert second.older is None
+
+
+def test_the_older_link_keeps_a_search_with_an_ampersand_and_a_hash(viewer, settings):
+    settings.JOBQUEUE = {**settings.JOBQUEUE, "DASHBOARD_PAGE_SIZE": 1}
+    jobs = [JobFactory(kind="a&b#c") for _ in range(2)]
+    page = viewer.get(url("jobs") + "?kind=a%26b%23c").content.decode()
+    assert f'href="?kind=a%26b%23c&amp;before={jobs[1].id}"' in page
+    second = viewer.get(url("jobs") + f"?kind=a%26b%23c&before={jobs[1].id}").context["page"]
+    assert [j.id for j in second.rows] == [jobs[0].id]
 
 
 def test_jobs_list_searches_by_id_and_filters_by_kind_and_queue(viewer):
@@ -443,13 +453,16 @@ def test_a_paused_queues_jobs_are_held_not_ready_nor_oldest_on_the_queues_page(v
     transitions_at = timezone.now() - timedelta(minutes=30)
     JobFactory.create_batch(3, queue_name="mail", kind="email", run_at=transitions_at)
     JobFactory(queue_name="default", kind="echo", run_at=timezone.now() - timedelta(seconds=10))
-    flow.pause(queue="mail")
+    flow.pause(queue="mail", actor="ops", reason="smtp maintenance")
     response = viewer.get(url("queues"))
     mail = _row(response.context["rows"], "mail", "email")
     assert (mail["ready"], mail["paused"], mail["oldest"], mail["queue_paused"]) == (0, 3, None, True)
     echo = _row(response.context["rows"], "default", "echo")
     assert (echo["ready"], echo["paused"], echo["queue_paused"]) == (1, 0, False)
-    assert 'data-paused="queue"' in response.content.decode()
+    page = response.content.decode()
+    assert 'data-paused="queue"' in page
+    # Why, by whom and since when, beside the badge.
+    assert re.search(r'data-pause-why="queue">by ops, \d+s ago: smtp maintenance</small>', page)
 
 
 def test_the_queues_page_shows_the_windows_attempts_rates_and_wait_and_run_percentiles(viewer):
@@ -492,8 +505,9 @@ def test_the_queues_pages_percentiles_come_from_each_attempts_claim_and_completi
             job=job, type=EventType.COMPLETED, attempt=1, at=claimed + timedelta(seconds=ran)
         )
     row = _row(viewer.get(url("queues") + "?window=15m").context["rows"], "q", "k")
-    assert (row["wait_p50"], row["wait_p95"]) == pytest.approx((3, 100))
-    assert (row["run_p50"], row["run_p95"]) == pytest.approx((6, 200))
+    # From the rollup's sketches: within 10% of the exact nearest-rank percentiles.
+    assert (row["wait_p50"], row["wait_p95"]) == pytest.approx((3, 100), rel=0.1)
+    assert (row["run_p50"], row["run_p95"]) == pytest.approx((6, 200), rel=0.1)
     assert row["completed"] == 5 and len(row["completed_series"]) == 15
 
 
@@ -856,12 +870,13 @@ def test_badges_say_states_in_words(viewer):
 
 def test_the_running_now_page_lists_leased_jobs_with_worker_child_runtime_progress_and_lease(viewer):
     now = timezone.now()
-    Worker.objects.create(name="w1", host="h", pid=1)
+    w1 = Worker.objects.create(name="w1", host="h", pid=1)
     long = JobFactory(
         leased=True, kind="export", lease_owner="w1/tok/c0", started_at=now - timedelta(minutes=3)
     )
     Job.objects.filter(id=long.id).update(progress=40, progress_message="rows 4,000 of 10,000")
     fresh = JobFactory(leased=True, kind="email", lease_owner="w1/tok/c1", started_at=None)
+    Worker.objects.filter(id=w1.id).update(running_threads={str(long.id): 1})
     lapsed = JobFactory(
         expired=True, kind="sync", lease_owner="gone/tok/c0", started_at=now - timedelta(hours=1)
     )
@@ -870,6 +885,8 @@ def test_the_running_now_page_lists_leased_jobs_with_worker_child_runtime_progre
     rows = response.context["rows"]
     assert [r["job"].id for r in rows] == [lapsed.id, long.id, fresh.id]
     assert (rows[1]["worker"], rows[1]["child"], rows[1]["running_for"]) == ("w1", "c0", "3m")
+    # The thread from the worker's heartbeat; none for a job no heartbeat saw running.
+    assert [r["thread"] for r in rows] == [None, 1, None]
     page = response.content.decode()
     assert (
         "rows 4,000 of 10,000" in page and "not started" in page and "lapsed: recovery takes it back" in page
@@ -976,3 +993,58 @@ def test_every_stamp_and_the_clock_note_use_the_sites_time_zone_24_hour(viewer, 
     overview = viewer.get(url("overview")).content.decode()
     assert re.search(r"Read at \d\d:\d\d:\d\d Asia/Kolkata", overview)
     assert " UTC" not in overview
+
+
+@pytest.mark.django_db(transaction=True)
+def test_running_now_shows_the_thread_a_real_worker_runs_each_job_on(viewer):
+    jobs = [enqueue("sleepy", {"seconds": 4}) for _ in range(2)]
+    ids = {str(j.id) for j in jobs}
+    proc = start_worker(name="threads", concurrency=1, threads=2, batch=2, heartbeat=0.2)
+    try:
+        wait_for(
+            lambda: (
+                set(
+                    Worker.objects.filter(name="threads").values_list("running_threads", flat=True).first()
+                    or ()
+                )
+                == ids
+            ),
+            timeout=30,
+            what="a heartbeat to see both jobs running",
+        )
+        response = viewer.get(url("running"))
+        rows = {r["job"].id: r for r in response.context["rows"]}
+        assert {rows[j.id]["thread"] for j in jobs} == {0, 1}
+        assert {rows[j.id]["worker"] for j in jobs} == {"threads"}
+        assert response.content.decode().count("<td data-thread>") == 2
+    finally:
+        stop(proc, within=30)
+    # Stopped: it runs nothing, so it shows no thread.
+    assert Worker.objects.get(name="threads").running_threads == {}
+
+
+def test_the_queues_pages_live_counts_are_the_job_tables_after_real_transitions(viewer):
+    # The page reads the maintained JobCount and index seeks, not the job table: after
+    # jobs move through real transitions (each folded from its event), both agree.
+    viewer.get(url("queues"))  # the first fold
+    failed_job(kind="boom", max_attempts=1)
+    failed_job(kind="boom", max_attempts=3)
+    for n in range(3):
+        enqueue("echo", {"n": n}, queue_name="mail")
+    enqueue("echo", {}, queue_name="mail", run_at=timezone.now() + timedelta(hours=1))
+    transitions.claim("w-test/t/c0", queues=["mail"], limit=1)
+    enqueue("report", {}, queue_name="mail")
+    flow.pause(kind="report")
+    rows = viewer.get(url("queues")).context["rows"]
+    for r in rows:
+        jobs = Job.objects.filter(queue_name=r["queue"], kind=r["kind"])
+        expected = {name: jobs.status(name).count() for name in ("ready", "scheduled", "retrying", "paused")}
+        expected.update(
+            waiting=jobs.filter(state=State.WAITING).count(),
+            leased=jobs.filter(state=State.LEASED).count(),
+            deadletter=jobs.filter(state=State.DEAD_LETTER).count(),
+        )
+        assert {k: r[k] for k in expected} == expected, (r["queue"], r["kind"])
+    mail = _row(rows, "mail", "echo")
+    assert (mail["ready"], mail["scheduled"], mail["leased"]) == (2, 1, 1) and mail["oldest"] is not None
+    assert _row(rows, "mail", "report")["paused"] == 1

@@ -1,8 +1,12 @@
-// Refresh the page's live region in place: fetch ?partial=1 every few seconds and swap
-// it in. Paused while the tab is hidden or by the footer's Pause button; held while
-// keyboard focus is inside the region (a swap would throw it back to <body>) or the pointer
-// is moving over its rows (they would shift under it); unchanged content is not swapped.
-// Without this script the page is still whole.
+// Refresh the page's live region in place: fetch ?partial=1 every few seconds and morph
+// the region into it with Idiomorph (vendor/idiomorph.min.js, loaded before this file).
+// A morph changes only the nodes that differ and keeps the rest, matched by id (each
+// list row has one): the focused link or checkbox stays the same element and keeps focus,
+// scroll positions stay, a <details> the user opened or closed stays so, and rows picked
+// for a bulk action stay picked. So there is no hold while focus is in the list.
+// Paused while the tab is hidden or by the footer's Pause button; held while the pointer
+// is moving over the rows (a new row at the top would still push them down under it);
+// unchanged content is not morphed. Without this script the page is still whole.
 (function () {
   "use strict";
   var region = document.getElementById("live");
@@ -27,7 +31,7 @@
     }
   }
 
-  // A pointer moving over the list's rows is about to click one: a swap then would
+  // A pointer moving over the list's rows is about to click one: a refresh then could
   // shift the rows under it, so refreshes wait until it has been still (or away) a while.
   var POINTER_HOLD_MS = 2000;
   var rowPointerAt = 0;
@@ -39,10 +43,27 @@
     return Date.now() - rowPointerAt < POINTER_HOLD_MS;
   }
 
-  function focusInside() {
-    var el = document.activeElement;
-    return !!el && el !== document.body && region.contains(el);
+  // What the user set, not the server: the server never renders a pick, and renders
+  // <details> closed (or open, for captured output) whatever the reader did with it.
+  function keepUserState(attribute, element) {
+    if (attribute === "checked" && element.name === "ids") return false;
+    if (attribute === "open" && element.tagName === "DETAILS") return false;
+    return true;
   }
+
+  var morph = window.Idiomorph
+    ? function (html) {
+        window.Idiomorph.morph(region, html, {
+          morphStyle: "innerHTML",
+          callbacks: { beforeAttributeUpdated: keepUserState },
+        });
+      }
+    : function (html) {  // the vendored file failed to load: replace, keeping the picks
+        var picked = {};
+        region.querySelectorAll("input[name=ids]:checked").forEach(function (box) { picked[box.value] = true; });
+        region.innerHTML = html;
+        region.querySelectorAll("input[name=ids]").forEach(function (box) { if (picked[box.value]) box.checked = true; });
+      };
 
   function partialUrl() {
     var url = new URL(window.location.href);
@@ -58,10 +79,6 @@
 
   function tick() {
     if (busy || document.hidden || userPaused) return;
-    if (focusInside()) {
-      say("Held while focus is in the list; it updates when you move out of it");
-      return;
-    }
     if (pointerOnRows()) {
       say("Held while the pointer moves over the rows; it updates when the pointer rests or leaves");
       return;
@@ -69,19 +86,13 @@
     busy = true;
     fetch(partialUrl(), { credentials: "same-origin", headers: { "X-Requested-With": "fetch" } })
       .then(function (response) {
-        // A redirect means the session ended (login page): say so rather than swap it in.
+        // A redirect means the session ended (login page): say so rather than show it.
         if (!response.ok || response.redirected) throw new Error("HTTP " + response.status);
         return response.text();
       })
       .then(function (html) {
-        if (focusInside() || pointerOnRows()) return;  // focus or pointer came in meanwhile
-        if (html !== last) {
-          // Rows picked for a bulk action stay picked across the swap.
-          var picked = {};
-          region.querySelectorAll("input[name=ids]:checked").forEach(function (box) { picked[box.value] = true; });
-          region.innerHTML = html;
-          region.querySelectorAll("input[name=ids]").forEach(function (box) { if (picked[box.value]) box.checked = true; });
-        }
+        if (pointerOnRows()) return;  // the pointer came in meanwhile
+        if (html !== last) morph(html);
         last = html;
         swaps += 1;
         region.dataset.swaps = String(swaps);
@@ -115,9 +126,6 @@
       }
     });
   }
-  region.addEventListener("focusout", function () {
-    window.setTimeout(function () { if (!focusInside()) tick(); }, 0);
-  });
 
   document.addEventListener("visibilitychange", function () {
     if (document.hidden) {
