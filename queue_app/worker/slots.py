@@ -264,12 +264,17 @@ class Slots:
             self.cells[self.threads * self.WIDTH + 3] = until
 
     def threads_running(self):
-        """Return {job_id: thread number} of the jobs the threads run now."""
+        """Return {job_id: thread number} of the jobs the threads run now (a chunk's
+        members too: its thread's)."""
         out = {}
         for i in range(self.threads):
             job_id = int(self.cells[i * self.WIDTH])
             if job_id:
                 out[job_id] = i
+        for base in range(self.chunk_base, len(self.cells), 3):
+            job_id = int(self.cells[base])
+            if job_id:
+                out[job_id] = (base - self.chunk_base) // (3 * self.chunk)
         return out
 
 

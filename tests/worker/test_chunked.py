@@ -255,6 +255,8 @@ def test_slots_show_a_chunks_members_running_under_its_first_jobs_start_and_time
     assert running == {7: (1, 0.0), 10: (1, 5.0), 11: (2, 5.0), 12: (1, 5.0)}
     assert slots.companions(11) == [(10, 1), (11, 2), (12, 1)] and slots.companions(7) == [(7, 1)]
     assert slots.held() == {7: 1, 10: 1, 11: 2, 12: 1}
+    # The dashboard's thread column: a chunk's members run on its thread.
+    assert slots.threads_running() == {7: 0, 10: 1, 11: 1, 12: 1}
     # An abort lands on the member's own cell, read by its own probe only.
     assert slots.request_abort(12)
     assert [slots.chunk_abort_requested(1, k, job_id) for k, job_id in enumerate([10, 11, 12])] == [
