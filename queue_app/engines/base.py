@@ -422,7 +422,9 @@ class Engine:
         ]
 
     def _completed_events(self, done, held, event):
-        """``event`` per job of ``done`` in ``held``, with its id, attempt and metadata."""
+        """``event`` per job of ``done`` whose (id, attempt) is in ``held``, with its id,
+        attempt and metadata. By the pair: an acknowledgement may carry an older attempt
+        of a job this worker claimed again, which the fence refused."""
         connection = self.connection
         return [
             [
@@ -434,7 +436,7 @@ class Engine:
                 *event[EVENT_METADATA + 1 :],
             ]
             for job_id, attempt, _, meta in done
-            if job_id in held
+            if (job_id, attempt) in held
         ]
 
 
@@ -465,6 +467,28 @@ def ended_channel():
 
 # A job a completion can settle in one statement: nothing to enqueue after it, and no
 # group or dependent to tell (in_workflow: core/workflows.py).
+# The most result text one completion statement carries; a batch of large results goes
+# in several. A MariaDB statement must fit max_allowed_packet (16 MiB by default, 4 MiB
+# on older servers) after the driver's escaping, which may double the text; each
+# statement takes at least one result, so any result MAX_PAYLOAD_BYTES allows fits.
+STATEMENT_BYTES = 2 << 20
+
+
+def by_size(items, size):
+    """``items`` in consecutive runs whose ``size(item)`` adds up to at most
+    STATEMENT_BYTES (a run holds at least one item)."""
+    run, total = [], 0
+    for item in items:
+        n = size(item)
+        if run and total + n > STATEMENT_BYTES:
+            yield run
+            run, total = [], 0
+        run.append(item)
+        total += n
+    if run:
+        yield run
+
+
 def no_follow_up(table=None):
     """NO_FOLLOW_UP with its columns qualified by ``table`` (for a statement that joins)."""
     p = f"{table}." if table else ""

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from queue_app.conf import settings
 from queue_app.engines import leasing, rows
-from queue_app.engines.base import COMPLETED_SET, GATED, NO_FOLLOW_UP, Engine, Fence, WakeUp
+from queue_app.engines.base import COMPLETED_SET, GATED, NO_FOLLOW_UP, Engine, Fence, WakeUp, by_size
 from queue_app.engines.leasing import (
     ATTEMPTS,
     CREATED,
@@ -305,22 +305,26 @@ class MariadbEngine(Engine):
         with self.atomic(), connection.cursor() as cursor:
             # No UPDATE ... RETURNING on MariaDB: lock what we hold, then write by id.
             fence, fence_params = Fence(owner, [(d[0], d[1]) for d in done]).sql(also=NO_FOLLOW_UP)
-            cursor.execute(f"SELECT id FROM {rows.JOB_TABLE} WHERE {fence} FOR UPDATE", fence_params)
-            held = {row[0] for row in cursor.fetchall()}
-            # One UPDATE for the batch, each row's result picked by a CASE on its id (a
-            # statement per distinct result cost a round trip per job when results differ).
-            mine = [(d[0], rows.json_value(connection, d[2])) for d in done if d[0] in held]
-            if mine:
-                cases = " ".join(["WHEN %s THEN %s"] * len(mine))
-                marks = ", ".join(["%s"] * len(mine))
+            cursor.execute(
+                f"SELECT id, attempts FROM {rows.JOB_TABLE} WHERE {fence} FOR UPDATE", fence_params
+            )
+            held = set(cursor.fetchall())
+            # One UPDATE for the batch (or for each STATEMENT_BYTES of results), each row's
+            # result picked by a CASE on its id: a statement per distinct result cost a
+            # round trip per job when results differ. By the (id, attempt) the fence let
+            # through: an older attempt of a job claimed again must not give its result.
+            mine = [(d[0], rows.json_value(connection, d[2])) for d in done if (d[0], d[1]) in held]
+            for run in by_size(mine, lambda pair: len(pair[1] or "")):
+                cases = " ".join(["WHEN %s THEN %s"] * len(run))
+                marks = ", ".join(["%s"] * len(run))
                 cursor.execute(
                     f"UPDATE {rows.JOB_TABLE} SET {COMPLETED_SET.replace('result = %s', f'result = CASE id {cases} END')}"
                     f" WHERE id IN ({marks})",
-                    [at_db, *(v for pair in mine for v in pair), *(job_id for job_id, _ in mine)],
+                    [at_db, *(v for pair in run for v in pair), *(job_id for job_id, _ in run)],
                 )
             if held:
                 rows.insert_events(connection, self._completed_events(done, held, event))
-        return held
+        return {job_id for job_id, _ in held}
 
     def deadlocked(self, exc):
         # ER_LOCK_DEADLOCK: InnoDB rolled the whole transaction back. Concurrent inserts

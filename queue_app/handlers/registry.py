@@ -332,8 +332,12 @@ def task_for(kind):
             _allowed_kinds.clear()
         _allowed_kinds.add(kind)
     try:
-        # import_module() of a module already imported still costs a few microseconds a job.
-        module = sys.modules.get(module_path) or importlib.import_module(module_path)
+        # import_module() of a module already imported still costs a few microseconds a
+        # job. One still running its top-level code (in another thread) is left to it: it
+        # waits for the import to finish, where sys.modules has the module half made.
+        module = sys.modules.get(module_path)
+        if module is None or getattr(getattr(module, "__spec__", None), "_initializing", False):
+            module = importlib.import_module(module_path)
     except (Exception, SystemExit) as exc:
         # Whatever the module's top-level code raises fails the attempt (the kind is
         # unknown here) instead of escaping into the worker; SystemExit would end its thread.

@@ -450,3 +450,37 @@ def test_an_ungated_claim_with_nothing_ready_still_tells_a_gate_from_an_empty_qu
     assert claim(timezone.now(), unless_gated=True) == []
     flow.pause(queue="mail")
     assert claim(timezone.now(), unless_gated=True) is None
+
+
+@pytest.mark.django_db
+def test_a_batch_of_results_at_the_size_limit_completes_whole_and_intact():
+    # Ten results of a megabyte of JSON each, all quotes: MariaDB's driver escapes them to
+    # twice that, and one statement for the batch would pass max_allowed_packet (16 MiB).
+    enqueue_many = [enqueue("echo") for _ in range(10)]
+    jobs = transitions.claim("w", limit=10, now=timezone.now() + timedelta(seconds=1))
+    assert {job.id for job in jobs} == {job.id for job in enqueue_many}
+    big = {job.id: f"{job.id}:" + '"' * (queue_settings.MAX_PAYLOAD_BYTES // 2 - 16) for job in jobs}
+    done = transitions.complete_many([(job.id, job.attempts, big[job.id]) for job in jobs], worker_id="w")
+    assert done == set(big)
+    stored = dict(Job.objects.filter(id__in=done).values_list("id", "result"))
+    assert stored == big
+    assert Event.objects.filter(job_id__in=done, type=EventType.COMPLETED).count() == 10
+
+
+@pytest.mark.django_db
+def test_an_older_attempts_acknowledgement_beside_the_current_one_changes_nothing():
+    # A worker that lost a job's lease and claimed it again may hold both attempts' acks
+    # in one batch: only the attempt the fence lets through gives the result and the event.
+    job = enqueue("echo")
+    (claimed,) = transitions.claim("w", limit=1, now=timezone.now() + timedelta(seconds=1))
+    assert claimed.id == job.id
+    stale, current = claimed.attempts - 1, claimed.attempts
+    done = transitions.complete_many(
+        [(job.id, stale, "the stale attempt's"), (job.id, current, "the current attempt's")], worker_id="w"
+    )
+    assert done == {job.id}
+    job.refresh_from_db()
+    assert job.state == State.COMPLETED and job.result == "the current attempt's"
+    assert list(
+        Event.objects.filter(job=job, type=EventType.COMPLETED).values_list("attempt", flat=True)
+    ) == [current]

@@ -1,6 +1,8 @@
 """registry: which modules a django.tasks kind may import, and what a failing import does."""
 
 import sys
+import threading
+import time
 
 import pytest
 
@@ -134,3 +136,30 @@ def test_handlers_get_the_job_when_they_ask_for_it_hashable_or_not():
         assert done.result == {"id": job.id, "seen": 7}
     finally:
         registry.unregister("unhashable")
+
+
+def test_a_kind_whose_module_another_thread_is_still_importing_waits_for_that_import(settings, package):
+    # A module in sys.modules may be half made: another thread is running its top-level
+    # code. Resolving a kind from it then must wait, not report the Task missing.
+    package("jq_slow_import", "import time\ntime.sleep(1)\n" + TASK_SOURCE)
+    modules(settings, ["jq_slow_import"])
+    found = {}
+
+    def resolve(name):
+        try:
+            found[name] = registry.task_for("jq_slow_import.tasks.hello")
+        except Exception as exc:  # what the second thread got, for the assertion
+            found[name] = exc
+
+    first = threading.Thread(target=resolve, args=("first",))
+    first.start()
+    deadline = time.monotonic() + 10
+    while "jq_slow_import.tasks" not in sys.modules and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert "jq_slow_import.tasks" in sys.modules  # the first thread is inside the import
+    second = threading.Thread(target=resolve, args=("second",))
+    second.start()
+    first.join()
+    second.join()
+    assert found["second"] is found["first"], found
+    assert found["first"].module_path == "jq_slow_import.tasks.hello"
