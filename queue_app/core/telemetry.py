@@ -50,6 +50,9 @@ class JobFields(logging.Filter):
         for name in FIELDS:
             if not hasattr(record, name):
                 setattr(record, name, fields.get(name))
+        if record.trace_id is None and "span" in fields:
+            # Formatted here, for the few attempts that log, not for every attempt.
+            record.trace_id = _trace_id(fields["span"])
         if record.worker_id is None:
             record.worker_id = _worker_id
         return True
@@ -223,7 +226,7 @@ class Attempt:
                     "queue_app.wait_seconds": max(0.0, (claimed_at - job.run_at).total_seconds()),
                 },
             )
-            fields["trace_id"] = _trace_id(self.span)
+            fields["span"] = self.span  # its trace id, for log lines (JobFields)
             # Current while the handler runs: what it enqueues or calls joins this trace.
             self._context_token = otel_context.attach(trace.set_span_in_context(self.span))
             self._started = time.monotonic()
