@@ -4,11 +4,15 @@
     .venv/bin/python benchmarks/worker_throughput.py --db sqlite --jobs 20000 --batch 1,100
     .venv/bin/python benchmarks/worker_throughput.py --latency --poll 1s   # enqueue-to-start
     .venv/bin/python benchmarks/worker_throughput.py --db sqlite --batch 10 --tracing   # OTel on vs off
+    .venv/bin/python benchmarks/worker_throughput.py --db postgres --batch 10 --tracing --rounds 5 \
+        --url postgres://postgres@127.0.0.1:5432/jq_mine      # your own database, off/on in turns
 
 For each database: a fresh database, N no-op jobs bulk-enqueued with the workers
 stopped, then `manage.py runworker --burst` with --concurrency processes. ``jobs_per_s``
 counts from the first claim to the last completion (timestamps in the database), so
-process start-up is left out; ``wall_s`` is the whole command, start-up included.
+process start-up is left out; ``wall_s`` is the whole command, start-up included, and
+``worker_cpu_s`` the CPU time of its processes (supervisor and children, start-up included:
+steadier than the wall clock on a loaded machine, but the database server's is not in it).
 With --latency: idle workers (2 processes), 200 single enqueues 20 ms apart, and the
 p50/p95/p99 of started_at - created_at. The supervisor's one watch (LISTEN/NOTIFY on
 PostgreSQL, the WAL file or PRAGMA data_version on SQLite, the newest event id on
@@ -20,10 +24,13 @@ per process.
 import argparse
 import json
 import os
+import resource
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -37,21 +44,22 @@ URLS = {
 
 
 def fresh_database(db):
+    name = urlsplit(URLS[db]).path.lstrip("/")
     if db == "sqlite":
         for suffix in ("", "-wal", "-shm"):
-            Path("/tmp/jq_bench_worker.db" + suffix).unlink(missing_ok=True)
+            Path("/" + name + suffix).unlink(missing_ok=True)
     elif db == "postgres":
         import psycopg
 
         with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as c:
-            c.execute("DROP DATABASE IF EXISTS jq_bench_worker WITH (FORCE)")
-            c.execute("CREATE DATABASE jq_bench_worker")
+            c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            c.execute(f'CREATE DATABASE "{name}"')
     elif db == "mysql":
         import MySQLdb
 
         c = MySQLdb.connect(host="127.0.0.1", user="root", port=3306)
-        c.cursor().execute("DROP DATABASE IF EXISTS jq_bench_worker")
-        c.cursor().execute("CREATE DATABASE jq_bench_worker CHARACTER SET utf8mb4")
+        c.cursor().execute(f"DROP DATABASE IF EXISTS `{name}`")
+        c.cursor().execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
         c.close()
     run(db, [PY, "manage.py", "migrate", "-v0"])
 
@@ -69,8 +77,9 @@ def django_snippet(db, code, extra_env=None):
     return run(db, [PY, "-c", prelude + code], extra_env).stdout
 
 
-# --tracing: OpenTelemetry's SDK in the enqueuing and the worker processes, every span
-# built and handed to an exporter that drops it (tests/otel_setup.py).
+# --tracing: OpenTelemetry's SDK in the enqueuing and the worker processes as a site sets
+# it up (a BatchSpanProcessor), every span built and handed to an exporter that drops it
+# (tests/otel_setup.py).
 TRACING = {"OTEL_SETUP": "tests.otel_setup.configure"}
 
 
@@ -90,6 +99,7 @@ def one(db, jobs, concurrency, batch, threads, extra_env=None):
         extra_env,
     )
     began = time.perf_counter()
+    cpu_before = _children_cpu()
     env = dict(os.environ, DATABASE_URL=URLS[db], JOBQUEUE_LOG_LEVEL="WARNING", **(extra_env or {}))
     proc = subprocess.Popen(
         [
@@ -119,6 +129,9 @@ def one(db, jobs, concurrency, batch, threads, extra_env=None):
     if proc.returncode:
         raise subprocess.CalledProcessError(proc.returncode, "runworker")
     wall = time.perf_counter() - began
+    # The supervisor and its children (it waits for them), start-up included: the
+    # enqueue and report snippets run before and after, outside this window.
+    cpu = _children_cpu() - cpu_before
     children = [mb for pid, mb in peak.items() if pid != proc.pid]
     report = json.loads(
         django_snippet(
@@ -143,10 +156,17 @@ def one(db, jobs, concurrency, batch, threads, extra_env=None):
         "drain_s": round(report["span"], 3),
         "jobs_per_s": round(report["done"] / report["span"]),
         "wall_s": round(wall, 3),
+        "worker_cpu_s": round(cpu, 3),
         # Peak resident set per process, sampled every 100 ms: supervisor and children.
         "rss_mb_supervisor": round(peak.get(proc.pid, 0), 1),
         "rss_mb_child_max": round(max(children), 1) if children else None,
+        "load_1m": round(os.getloadavg()[0], 2),
     }
+
+
+def _children_cpu():
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def rss_tree(root):
@@ -215,6 +235,46 @@ def latency(db, n, poll):
     return {"bench": "worker_latency", "db": db, "jobs": n, "poll": poll, **report}
 
 
+def tracing_cost(db, batch, args):
+    """Drain off then on, ``args.rounds`` times in turns: each line, each ratio, the median."""
+    ratios = []
+    for _ in range(args.rounds):
+        off = one(db, args.jobs, args.concurrency, batch, args.threads)
+        on = one(db, args.jobs, args.concurrency, batch, args.threads, TRACING)
+        for line in (off, on):
+            print(json.dumps(line), flush=True)
+        ratios.append(on["jobs_per_s"] / off["jobs_per_s"])
+        print(
+            json.dumps(
+                {
+                    "bench": "tracing_cost",
+                    "db": db,
+                    "batch": batch,
+                    "on_vs_off": round(ratios[-1], 3),
+                    # CPU of the worker processes per job, start-up included.
+                    "cpu_us_per_job_off": round(off["worker_cpu_s"] / off["completed"] * 1e6, 1),
+                    "cpu_us_per_job_on": round(on["worker_cpu_s"] / on["completed"] * 1e6, 1),
+                    "load_1m": round(os.getloadavg()[0], 2),
+                }
+            ),
+            flush=True,
+        )
+    if args.rounds > 1:
+        print(
+            json.dumps(
+                {
+                    "bench": "tracing_cost_median",
+                    "db": db,
+                    "batch": batch,
+                    "rounds": args.rounds,
+                    "on_vs_off": round(statistics.median(ratios), 3),
+                    "load_1m": round(os.getloadavg()[0], 2),
+                }
+            ),
+            flush=True,
+        )
+
+
 def main():
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -229,6 +289,17 @@ def main():
         action="store_true",
         help="each drain twice, OpenTelemetry off then on (same run), and the ratio",
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="with --tracing: off then on this many times (same run); each ratio and their median",
+    )
+    parser.add_argument(
+        "--url",
+        help="database URL to use instead of the built-in one (with one --db), e.g."
+        " postgres://postgres@127.0.0.1:5432/jobqueue_mine: it is dropped and made afresh",
+    )
     parser.add_argument("--latency", action="store_true", help="measure enqueue-to-start latency instead")
     parser.add_argument(
         "--poll",
@@ -237,6 +308,10 @@ def main():
         "NOTIFY, SQLite on PRAGMA data_version, MariaDB only polls)",
     )
     args = parser.parse_args()
+    if args.url:
+        if not args.db or len(args.db) != 1:
+            parser.error("--url goes with exactly one --db")
+        URLS[args.db[0]] = args.url
     if args.latency:
         for db in args.db or ["sqlite", "postgres", "mysql"]:
             print(json.dumps(latency(db, 200, args.poll)), flush=True)
@@ -245,16 +320,7 @@ def main():
         for batch in [int(b) for b in args.batch.split(",")]:
             try:
                 if args.tracing:
-                    off = one(db, args.jobs, args.concurrency, batch, args.threads)
-                    on = one(db, args.jobs, args.concurrency, batch, args.threads, TRACING)
-                    for line in (off, on):
-                        print(json.dumps(line), flush=True)
-                    ratio = on["jobs_per_s"] / off["jobs_per_s"]
-                    print(
-                        json.dumps(
-                            {"bench": "tracing_cost", "db": db, "batch": batch, "on_vs_off": round(ratio, 3)}
-                        )
-                    )
+                    tracing_cost(db, batch, args)
                     continue
                 print(json.dumps(one(db, args.jobs, args.concurrency, batch, args.threads)), flush=True)
             except subprocess.CalledProcessError as exc:

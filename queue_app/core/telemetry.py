@@ -18,7 +18,6 @@ process or host, share one trace.
 import contextvars
 import logging
 import time
-from contextlib import contextmanager
 
 from django.utils import timezone
 
@@ -51,6 +50,9 @@ class JobFields(logging.Filter):
         for name in FIELDS:
             if not hasattr(record, name):
                 setattr(record, name, fields.get(name))
+        if record.trace_id is None and "span" in fields:
+            # Formatted here, for the few attempts that log, not for every attempt.
+            record.trace_id = _trace_id(fields["span"])
         if record.worker_id is None:
             record.worker_id = _worker_id
         return True
@@ -67,19 +69,35 @@ def job_fields(job, **more):
     }
 
 
-# A proxy until the site sets its provider, then that provider's tracer: fetched once,
-# as a tracer per call costs a few microseconds an attempt.
-_tracer = trace.get_tracer("queue_app") if trace is not None else None
-
-
 # The providers the API has before a site sets its SDK's: every span they make is a no-op,
 # and making them anyway cost the drain 10% at batch 10 on SQLite (worker_throughput.py).
 _NO_PROVIDER = (trace.ProxyTracerProvider, trace.NoOpTracerProvider) if trace is not None else ()
 
+# The site's provider's own tracer, once it has set one (the API lets a process set it
+# once, so it stays): fetched once, as a tracer per call costs a few microseconds, and
+# the provider's own rather than the API's proxy, one indirection less per span.
+_tracer = None
+
+
+def _sdk_tracer():
+    """The tracer spans go to, or None while no provider is set (or without the API)."""
+    global _tracer
+    if _tracer is None and trace is not None and not isinstance(trace.get_tracer_provider(), _NO_PROVIDER):
+        _tracer = trace.get_tracer("queue_app")
+    return _tracer
+
 
 def tracing():
     """Whether spans would go anywhere: the API is installed and a provider is set."""
-    return trace is not None and not isinstance(trace.get_tracer_provider(), _NO_PROVIDER)
+    return _sdk_tracer() is not None
+
+
+def flush(timeout_millis=5000):
+    """Hand the spans a batching processor still holds to its exporter: before a forked
+    worker child ends with os._exit, which skips the SDK's own flush at exit."""
+    force_flush = getattr(trace.get_tracer_provider(), "force_flush", None) if tracing() else None
+    if force_flush is not None:  # the SDK's provider has it; the API's contract does not
+        force_flush(timeout_millis)
 
 
 def _trace_id(span):
@@ -87,37 +105,57 @@ def _trace_id(span):
     return format(ctx.trace_id, "032x") if ctx.is_valid else None
 
 
+def _record(span, exc):
+    span.record_exception(exc)
+    span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+
+
 # --- enqueue -----------------------------------------------------------------------
 
 
-@contextmanager
+class _Enqueuing:
+    """enqueuing()'s span, current while the enqueue runs; calling it records the job."""
+
+    __slots__ = ("_token", "span")
+
+    def __init__(self, span):
+        self.span = span
+
+    def __enter__(self):
+        if self.span is not None:
+            self._token = otel_context.attach(trace.set_span_in_context(self.span))
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if self.span is not None:
+            otel_context.detach(self._token)
+            if isinstance(exc, Exception):  # as the SDK's own span context manager records
+                _record(self.span, exc)
+            self.span.end()
+        return False
+
+    def __call__(self, job, created=True):
+        if self.span is not None:
+            self.span.set_attributes({"queue_app.job_id": job.id, "queue_app.created": created})
+
+
 def enqueuing(kind, queue_name, count=1):
-    """A span around an enqueue, in the caller's trace; yields a callable that sets the
-    job's id on it (``done(job, created)``)."""
-    if not tracing():
-        yield _nothing
-        return
+    """A span around an enqueue, in the caller's trace: ``with enqueuing(...) as done``,
+    then ``done(job, created)`` sets the job's id on it."""
+    tracer = _sdk_tracer()
+    if tracer is None:
+        return _Enqueuing(None)
     attributes = {"queue_app.kind": kind, "queue_app.queue": queue_name}
     if count != 1:
         attributes["queue_app.count"] = count
-    with _tracer.start_as_current_span(
-        f"enqueue {kind}", kind=SpanKind.PRODUCER, attributes=attributes
-    ) as span:
-        yield lambda job, created=True: _enqueued(span, job, created)
-
-
-def _nothing(*args, **kwargs):
-    pass
-
-
-def _enqueued(span, job, created):
-    span.set_attribute("queue_app.job_id", job.id)
-    span.set_attribute("queue_app.created", created)
+    return _Enqueuing(tracer.start_span(f"enqueue {kind}", kind=SpanKind.PRODUCER, attributes=attributes))
 
 
 def carrier():
     """The current trace context as W3C headers, to store with a new job (None: no trace)."""
-    if not tracing() or not trace.get_current_span().get_span_context().is_valid:
+    # The span first: without a provider tracing() costs several times as much (the API
+    # looks its environment variable up), and outside a trace there is nothing to store.
+    if trace is None or not trace.get_current_span().get_span_context().is_valid or not tracing():
         return None
     headers = {}
     propagate.inject(headers)
@@ -126,57 +164,103 @@ def carrier():
 
 # --- attempts ----------------------------------------------------------------------
 
+# The parent context of the last carrier extracted, by its headers: the jobs of one
+# bulk_enqueue share a carrier and a worker claims them together, and parsing the same
+# traceparent again (propagate.extract, about 4 us) cost an attempt more than the rest of
+# our part of its span. One entry, replaced whole (a tuple), so threads need no lock.
+_last_parent = (None, None)
+
+
+def _parent(carrier):
+    """The context an attempt's span starts in: the job's enqueuing trace, or a new one."""
+    global _last_parent
+    if not carrier:
+        return otel_context.Context()
+    key = tuple(carrier.items())
+    seen, parent = _last_parent
+    if seen != key:
+        # From an empty context, not the worker thread's: the job's trace, nothing else.
+        parent = propagate.extract(carrier, context=otel_context.Context())
+        _last_parent = (key, parent)
+    return parent
+
 
 class Attempt:
-    """One attempt's span and log fields, as attempt() yields it."""
+    """One attempt's log fields and (with OpenTelemetry) its span, current while the
+    attempt runs: ``with attempt(job, worker_id) as traced``, then ``traced.failed(exc)``
+    and ``traced.settled(outcome)``. A class with start_span and attach, not generator
+    context managers (ours, the SDK's start_as_current_span and its use_span): each of
+    those cost about a microsecond a job, and the span path runs once per job."""
 
-    def __init__(self, span):
-        self.span = span
+    __slots__ = ("_context_token", "_job", "_outcome", "_started", "_token", "_worker_id", "span")
+
+    def __init__(self, job, worker_id):
+        self._job = job
+        self._worker_id = worker_id
+        self.span = None
+        self._outcome = None
+
+    def __enter__(self):
+        job = self._job
+        fields = {
+            "job_id": job.id,
+            "kind": job.kind,
+            "queue": job.queue_name,
+            "attempt": job.attempts,
+            "worker_id": self._worker_id,
+        }
+        tracer = _sdk_tracer()
+        if tracer is not None:
+            claimed_at = getattr(job, "claimed_at", None) or timezone.now()
+            self.span = tracer.start_span(
+                f"run {job.kind}",
+                context=_parent(job.trace_context),
+                kind=SpanKind.CONSUMER,
+                attributes={
+                    "queue_app.kind": job.kind,
+                    "queue_app.queue": job.queue_name,
+                    "queue_app.job_id": job.id,
+                    "queue_app.attempt": job.attempts,
+                    "queue_app.worker_id": self._worker_id,
+                    # ready (run_at) to claimed: how long it waited for a worker
+                    "queue_app.wait_seconds": max(0.0, (claimed_at - job.run_at).total_seconds()),
+                },
+            )
+            fields["span"] = self.span  # its trace id, for log lines (JobFields)
+            # Current while the handler runs: what it enqueues or calls joins this trace.
+            self._context_token = otel_context.attach(trace.set_span_in_context(self.span))
+            self._started = time.monotonic()
+        self._token = _fields.set(fields)
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        _fields.reset(self._token)
+        span = self.span
+        if span is None:
+            return False
+        otel_context.detach(self._context_token)
+        # The handler's error is caught before it leaves the attempt (failed() records
+        # it); one of the worker's own that escapes is recorded here, as the SDK would.
+        if isinstance(exc, Exception):
+            _record(span, exc)
+        attributes = {"queue_app.run_seconds": time.monotonic() - self._started}
+        if self._outcome is not None:
+            attributes["queue_app.outcome"] = self._outcome
+        span.set_attributes(attributes)  # one call, one lock: not one per attribute
+        span.end()
+        return False
 
     def failed(self, exc):
         """Record the handler's error on the span (call it in the except block)."""
         if self.span is not None:
-            self.span.record_exception(exc)
-            self.span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+            _record(self.span, exc)
 
     def settled(self, outcome):
         """Set the attempt's outcome: the job's new state, or "lost" if the lease was."""
-        if self.span is not None:
-            self.span.set_attribute("queue_app.outcome", outcome or "lost")
+        self._outcome = outcome or "lost"
 
 
-@contextmanager
 def attempt(job, worker_id):
     """Around one attempt of ``job``: its log fields, and (with OpenTelemetry) a span that
     continues the trace the job was enqueued in."""
-    fields = {**job_fields(job), "worker_id": worker_id}
-    if not tracing():
-        token = _fields.set(fields)
-        try:
-            yield Attempt(None)
-        finally:
-            _fields.reset(token)
-        return
-    parent = propagate.extract(job.trace_context) if job.trace_context else otel_context.Context()
-    claimed_at = getattr(job, "claimed_at", None) or timezone.now()
-    attributes = {
-        "queue_app.kind": job.kind,
-        "queue_app.queue": job.queue_name,
-        "queue_app.job_id": job.id,
-        "queue_app.attempt": job.attempts,
-        "queue_app.worker_id": worker_id,
-        # ready (run_at) to claimed: how long it waited for a worker
-        "queue_app.wait_seconds": max(0.0, (claimed_at - job.run_at).total_seconds()),
-    }
-    started = time.monotonic()
-    # The handler's error is caught before it leaves the attempt (Attempt.failed records
-    # it); one of the worker's own that escapes is recorded by the span itself.
-    with _tracer.start_as_current_span(
-        f"run {job.kind}", context=parent, kind=SpanKind.CONSUMER, attributes=attributes
-    ) as span:
-        token = _fields.set({**fields, "trace_id": _trace_id(span)})
-        try:
-            yield Attempt(span)
-        finally:
-            _fields.reset(token)
-            span.set_attribute("queue_app.run_seconds", time.monotonic() - started)
+    return Attempt(job, worker_id)

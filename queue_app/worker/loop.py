@@ -700,6 +700,7 @@ def child_main(options, owner, slots, budget, parent_pid, inherited=()):
     finally:
         try:
             connections.close_all()
+            telemetry.flush()  # a batching span processor's last spans: os._exit skips its own
         finally:
             # Skip the parent's atexit hooks and buffers (pytest, Django): this is a fork.
             os._exit(code)

@@ -8,6 +8,7 @@ from opentelemetry import trace
 
 from queue_app import bulk_enqueue, enqueue
 from queue_app.core import telemetry
+from queue_app.handlers import registry
 from queue_app.models import Job
 from queue_app.worker import execution
 from tests import sample_tasks as tasks
@@ -85,6 +86,48 @@ def test_a_job_enqueued_outside_any_trace_starts_one_at_its_enqueue(spans):
     enqueued, run = _one(spans, "enqueue echo"), _one(spans, "run echo")
     assert enqueued.parent is None
     assert run.parent.span_id == enqueued.context.span_id
+
+
+def test_jobs_enqueued_in_different_traces_each_run_in_their_own(spans):
+    # first, second, then first again: each attempt's parent is its own job's enqueue
+    # span, whatever the attempt before it continued (telemetry keeps the last one parsed).
+    tracer = trace.get_tracer("test")
+    with tracer.start_as_current_span("first") as first:
+        a = enqueue("echo")
+    with tracer.start_as_current_span("second") as second:
+        b = enqueue("echo")
+    with trace.use_span(first):
+        c = enqueue("echo")
+    for job in (a, b, c):
+        _run(job.id)
+    enqueues = {
+        s.attributes["queue_app.job_id"]: s for s in spans.get_finished_spans() if s.name == "enqueue echo"
+    }
+    runs = {s.attributes["queue_app.job_id"]: s for s in spans.get_finished_spans() if s.name == "run echo"}
+    for job, request in ((a, first), (b, second), (c, first)):
+        assert runs[job.id].context.trace_id == request.get_span_context().trace_id
+        assert runs[job.id].parent.span_id == enqueues[job.id].context.span_id
+
+
+def test_a_job_its_handler_enqueues_joins_the_attempts_trace(spans):
+    registry.register("spawn", lambda payload: enqueue("echo").id)
+    job = enqueue("spawn")
+    _run(job.id)
+    run, spawned = _one(spans, "run spawn"), _one(spans, "enqueue echo")
+    assert spawned.parent.span_id == run.context.span_id
+    assert spawned.context.trace_id == run.context.trace_id
+
+
+def test_an_error_of_the_workers_own_that_leaves_an_attempt_is_recorded_on_its_span(spans):
+    job = Job.objects.get(id=enqueue("echo").id)
+    with pytest.raises(RuntimeError), telemetry.attempt(job, "w-1"):
+        raise RuntimeError("the database went away")
+    run = _one(spans, "run echo")
+    assert run.status.status_code == trace.StatusCode.ERROR
+    assert run.status.description == "RuntimeError: the database went away"
+    assert [e.name for e in run.events] == ["exception"]
+    assert "queue_app.outcome" not in run.attributes and run.attributes["queue_app.run_seconds"] >= 0
+    assert run.end_time is not None
 
 
 class _Keep(logging.Handler):
