@@ -192,11 +192,13 @@ class Attempt:
     context managers (ours, the SDK's start_as_current_span and its use_span): each of
     those cost about a microsecond a job, and the span path runs once per job."""
 
-    __slots__ = ("_context_token", "_job", "_outcome", "_started", "_token", "_worker_id", "span")
+    __slots__ = ("_context_token", "_current", "_job", "_outcome", "_started", "_token", "_worker_id", "span")
 
-    def __init__(self, job, worker_id):
+    def __init__(self, job, worker_id, *, current=True):
         self._job = job
         self._worker_id = worker_id
+        # Whether its span and log fields are the thread's while it runs (a chunk's are not).
+        self._current = current
         self.span = None
         self._outcome = None
 
@@ -227,18 +229,22 @@ class Attempt:
                 },
             )
             fields["span"] = self.span  # its trace id, for log lines (JobFields)
-            # Current while the handler runs: what it enqueues or calls joins this trace.
-            self._context_token = otel_context.attach(trace.set_span_in_context(self.span))
+            if self._current:
+                # Current while the handler runs: what it enqueues or calls joins this trace.
+                self._context_token = otel_context.attach(trace.set_span_in_context(self.span))
             self._started = time.monotonic()
-        self._token = _fields.set(fields)
+        if self._current:
+            self._token = _fields.set(fields)
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        _fields.reset(self._token)
+        if self._current:
+            _fields.reset(self._token)
         span = self.span
         if span is None:
             return False
-        otel_context.detach(self._context_token)
+        if self._current:
+            otel_context.detach(self._context_token)
         # The handler's error is caught before it leaves the attempt (failed() records
         # it); one of the worker's own that escapes is recorded here, as the SDK would.
         if isinstance(exc, Exception):
@@ -264,3 +270,39 @@ def attempt(job, worker_id):
     """Around one attempt of ``job``: its log fields, and (with OpenTelemetry) a span that
     continues the trace the job was enqueued in."""
     return Attempt(job, worker_id)
+
+
+class Chunk:
+    """Around a chunk's call (registry.chunking): an attempt span per job, each in its own
+    enqueuing trace as attempt() makes it but none current (the one call serves them
+    all), and the log fields of the call: its kind, queue and worker, no job id.
+    ``traced[n]`` is job n's Attempt, for its failed() and settled()."""
+
+    __slots__ = ("_attempts", "_token", "_worker_id", "jobs")
+
+    def __init__(self, jobs, worker_id):
+        self.jobs = jobs
+        self._worker_id = worker_id
+        self._attempts = [Attempt(job, worker_id, current=False) for job in jobs]
+
+    def __getitem__(self, n):
+        return self._attempts[n]
+
+    def __enter__(self):
+        for each in self._attempts:
+            each.__enter__()
+        first = self.jobs[0]
+        fields = {"job_id": None, "kind": first.kind, "queue": first.queue_name, "attempt": None}
+        self._token = _fields.set({**fields, "worker_id": self._worker_id})
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        _fields.reset(self._token)
+        for each in self._attempts:
+            each.__exit__(exc_type, exc, tb)
+        return False
+
+
+def chunk(jobs, worker_id):
+    """Around one chunk's call of ``jobs`` (one kind): Chunk."""
+    return Chunk(jobs, worker_id)

@@ -244,12 +244,20 @@ def run_one(*, worker_id=None, queues=None, kinds=None, using=None, **claim_opti
 # --- chunks: one handler call for several jobs of a chunked kind (registry.chunking) ------
 
 
-def execute_chunk(jobs, worker_id, *, abort_probes=None, using=None):
+def execute_chunk(jobs, worker_id, *, abort_probes=None, retrying=None, using=None):
     """Run claimed jobs of one chunked kind in one handler call and record each job's
-    outcome; return [(job, new state)] in order (state None: its lease was lost)."""
+    outcome; return [(job, new state)] in order (state None: its lease was lost). Each
+    job's attempt has its span, as execute() gives one (telemetry.chunk)."""
     output = capture.Capture()
-    outcomes = attempt_chunk(jobs, worker_id, output, abort_probes=abort_probes)
-    return settle_chunk(jobs, outcomes, worker_id, output, using=using)
+    with telemetry.chunk(jobs, worker_id) as traced:
+        outcomes = attempt_chunk(jobs, worker_id, output, abort_probes=abort_probes)
+        for n, value in enumerate(outcomes):
+            if isinstance(value, BaseException):
+                traced[n].failed(value)
+        settled = settle_chunk(jobs, outcomes, worker_id, output, retrying=retrying, using=using)
+        for n, (_, state) in enumerate(settled):
+            traced[n].settled(state)
+    return settled
 
 
 def attempt_chunk(jobs, worker_id, output, *, abort_probes=None):

@@ -639,10 +639,8 @@ class Loop:
             self.slots.add_done(len(jobs))
 
     def _execute_chunk(self, jobs, probes):
-        output = capture.Capture()
-        outcomes = execution.attempt_chunk(jobs, self.owner, output, abort_probes=probes)
         retrying = functools.partial(outages.retrying, who=self.owner, stopping=self.stopping)
-        execution.settle_chunk(jobs, outcomes, self.owner, output, retrying=retrying)
+        execution.execute_chunk(jobs, self.owner, abort_probes=probes, retrying=retrying)
 
     def _fill(self, chunk):
         """The chunk's jobs, with more of its kind claimed until it holds its size or its

@@ -168,3 +168,36 @@ def test_a_transitions_log_line_outside_an_attempt_names_its_job(records, settin
     (line,) = [r for r in records if r.getMessage().startswith("enqueued id=")]
     assert (line.job_id, line.kind, line.queue, line.attempt) == (job.id, "echo", "emails", 0)
     assert line.trace_id is None
+
+
+def test_each_job_of_a_chunk_has_its_attempt_span_in_its_own_trace(spans, records):
+    from queue_app.worker import loop
+
+    class Bounced(Exception):
+        pass
+
+    def handle(payloads):
+        logging.getLogger("queue_app").warning("sending %s", len(payloads))
+        return [Bounced("no") if p["n"] == 2 else p["n"] for p in payloads]
+
+    registry.register("mail", handle, chunk=3)
+    traces = {}
+    for n in (1, 2, 3):
+        with trace.get_tracer("test").start_as_current_span(f"request {n}") as request:
+            job = enqueue("mail", {"n": n}, max_attempts=1)
+        traces[job.id] = request.get_span_context().trace_id
+
+    outcomes = dict(loop.run_once(loop.Options(batch=3), worker_id="w-chunk"))
+
+    runs = [s for s in spans.get_finished_spans() if s.name == "run mail"]
+    assert sorted(s.attributes["queue_app.job_id"] for s in runs) == sorted(traces)
+    for span in runs:
+        job_id = span.attributes["queue_app.job_id"]
+        assert span.context.trace_id == traces[job_id]  # the trace it was enqueued in
+        assert span.attributes["queue_app.outcome"] == outcomes[job_id]
+        failed = span.status.status_code == trace.StatusCode.ERROR
+        assert failed == (outcomes[job_id] == "dead_letter"), (job_id, outcomes)
+    assert sorted(outcomes.values()) == ["completed", "completed", "dead_letter"]
+    # The call's log line names the chunk's kind, queue and worker, and no one job.
+    (line,) = [r for r in records if r.getMessage() == "sending 3"]
+    assert (line.job_id, line.kind, line.queue, line.worker_id) == (None, "mail", "default", "w-chunk")
