@@ -142,8 +142,9 @@ def test_a_stuck_kind_in_a_stream_of_quick_jobs_runs_each_once(tmp_path, cap):
     marker = tmp_path / "runs"
     if cap:
         KindLimit.objects.create(kind=sample_tasks.overruns.module_path, concurrency=cap)
-    # Every tenth overruns for 1 s and, capped, they run one at a time: 600 at most.
-    total = min(max(200, harness.JOBS // 2), 600)
+    # Every tenth overruns for 1 s and, capped, they run one at a time, a second each: 100
+    # at CI's size (JOBQUEUE_CHAOS_JOBS=300, 10 overruns), 600 at most (make chaos's).
+    total = min(max(100, harness.JOBS // 3), 600)
     stuck = set(range(5, total, 10))
     procs = [harness.worker("stream-a"), harness.worker("stream-b")]
     ids = {}
