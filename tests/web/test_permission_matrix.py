@@ -12,6 +12,7 @@ from datetime import timedelta
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
@@ -186,6 +187,22 @@ def _rows(django_db_setup, django_db_blocker):
     the rows as they were made."""
     with shared_rows(django_db_blocker):
         yield _world(), {name: make() for name, make in PRINCIPALS.items()}
+
+
+@pytest.fixture(scope="module")
+def _handler():
+    """One request handler for the module's clients, as one server process has one: its
+    middleware is built once, not once per cell (WhiteNoise's, once collectstatic has
+    run, reads every collected file's metadata as it is built)."""
+    return Client().handler
+
+
+@pytest.fixture
+def client(_handler):
+    """pytest-django's client (a fresh one per cell: its own cookies), on the shared handler."""
+    client = Client()
+    client.handler = _handler
+    return client
 
 
 @pytest.fixture
