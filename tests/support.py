@@ -1,8 +1,10 @@
 """Helpers several test modules use: a job's events as rows or as types, its last event,
 a lease run out. (Worker processes have their own module, tests/worker_support.py.)"""
 
+import contextlib
 from datetime import timedelta
 
+from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -44,3 +46,15 @@ def drain(limit=500):
             return ran
         ran.append(job.id)
     raise AssertionError("the queue did not drain")
+
+
+@contextlib.contextmanager
+def shared_rows(django_db_blocker):
+    """Rows written inside this block are seen by every test run inside it, and rolled
+    back at its end: Django's TestCase.setUpTestData for pytest fixtures (module- or
+    class-scoped). Each test's own transaction nests in this one as a savepoint, so what
+    a test writes is undone after it and the next test sees the rows as they were made.
+    Only for tests without transaction=True (those flush the database)."""
+    with django_db_blocker.unblock(), transaction.atomic():
+        yield
+        transaction.set_rollback(True)

@@ -20,6 +20,10 @@ from tests.support import event_types as types
 from tests.worker_support import lease_settings, start_worker, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
+# The tests that run all they test in this process (no worker process, no subprocess, no
+# second connection) need no commit: a transaction rolled back after each, not a flush of
+# every table.
+in_process = pytest.mark.django_db
 
 
 def polite(payload):
@@ -174,6 +178,7 @@ def _raise_when_cancelled(payload):
     raise RuntimeError("interrupted")
 
 
+@in_process
 def test_without_a_supervisor_the_handler_sees_its_abort_from_the_row(settings):
     settings.JOBQUEUE = lease_settings(ABORT_CHECK_INTERVAL=0.05)
     job = enqueue("self_cancelling")
@@ -187,6 +192,7 @@ def test_without_a_supervisor_the_handler_sees_its_abort_from_the_row(settings):
     assert "cleaning up before the abort" in cancelled.metadata["output"]["stdout"]
 
 
+@in_process
 def test_cancel_of_a_pending_job_cancels_it_at_once():
     job = enqueue("echo")
 
@@ -195,6 +201,7 @@ def test_cancel_of_a_pending_job_cancels_it_at_once():
     assert types(job) == [EventType.ENQUEUED, EventType.CANCELLED]
 
 
+@in_process
 def test_asking_twice_to_abort_writes_one_event_and_a_finished_job_is_refused():
     job = JobFactory(leased=True)
 
@@ -208,6 +215,7 @@ def test_asking_twice_to_abort_writes_one_event_and_a_finished_job_is_refused():
         aborting.cancel(done.id)
 
 
+@in_process
 def test_a_stale_worker_cannot_settle_an_abort():
     job = JobFactory(leased=True)
     aborting.cancel(job.id)
@@ -219,6 +227,7 @@ def test_a_stale_worker_cannot_settle_an_abort():
     assert Job.objects.get(id=job.id).state == State.CANCELLED
 
 
+@in_process
 def test_abort_edge_refuses_a_job_whose_abort_was_not_requested():
     job = JobFactory(leased=True)
 
@@ -226,6 +235,7 @@ def test_abort_edge_refuses_a_job_whose_abort_was_not_requested():
     assert Job.objects.get(id=job.id).state == State.LEASED
 
 
+@in_process
 def test_lapsed_lease_of_an_aborted_job_is_recovered_as_cancelled_not_retried():
     job = JobFactory(expired=True)
     aborting.cancel(job.id)
@@ -237,6 +247,7 @@ def test_lapsed_lease_of_an_aborted_job_is_recovered_as_cancelled_not_retried():
     assert types(job) == [EventType.ABORT_REQUESTED, EventType.RECOVERED]
 
 
+@in_process
 def test_an_aborted_job_given_back_unstarted_is_cancelled_and_requeue_clears_the_request():
     job = JobFactory(leased=True)
     aborting.cancel(job.id)
@@ -248,6 +259,7 @@ def test_an_aborted_job_given_back_unstarted_is_cancelled_and_requeue_clears_the
     assert (requeued.state, requeued.cancel_requested_at) == (State.PENDING, None)
 
 
+@in_process
 def test_cancel_command_requests_abort_of_a_running_job(capsys):
     job = JobFactory(leased=True)
 
@@ -260,6 +272,7 @@ def test_cancel_command_requests_abort_of_a_running_job(capsys):
         call_command("cancel", "999999")
 
 
+@in_process
 def test_api_delete_of_a_running_job_answers_202_with_the_abort_requested(admin_client):
     job = JobFactory(leased=True)
 
@@ -271,6 +284,7 @@ def test_api_delete_of_a_running_job_answers_202_with_the_abort_requested(admin_
     assert admin_client.delete(f"/api/jobs/{JobFactory().id}").status_code == 200
 
 
+@in_process
 def test_operations_cancel_action_requests_abort_of_a_running_job():
     running_job, pending_job = JobFactory(leased=True), JobFactory()
     both = Job.objects.filter(id__in=[running_job.id, pending_job.id])

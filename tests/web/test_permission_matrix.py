@@ -12,6 +12,7 @@ from datetime import timedelta
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
@@ -31,6 +32,7 @@ from queue_app.web import api as api_module
 from queue_app.web import auth
 from queue_app.web import urls as dashboard_urls
 from tests.factories import DeadLetterFactory, JobFactory, WorkerFactory, make_staff
+from tests.support import shared_rows
 
 pytestmark = pytest.mark.django_db
 
@@ -57,17 +59,17 @@ CHANGE = [
 ]
 
 
-def _staff(*perms):
-    return lambda: ("session", make_staff("staff", *[f"queue_app.{p}" for p in perms]))
+def _staff(username, *perms):
+    return lambda: ("session", make_staff(username, *[f"queue_app.{p}" for p in perms]))
 
 
-def _key(*scopes, expired=False, revoked=False):
+def _key(name, *scopes, expired=False, revoked=False):
     def make():
-        key, raw = auth.create("key", scopes=scopes)
+        key, raw = auth.create(name, scopes=scopes)
         if expired:
             ApiKey.objects.filter(id=key.id).update(expires_at=timezone.now() - timedelta(seconds=1))
         if revoked:
-            auth.revoke("key")
+            auth.revoke(name)
         return "key", raw
 
     return make
@@ -76,15 +78,15 @@ def _key(*scopes, expired=False, revoked=False):
 PRINCIPALS = {
     "anonymous": lambda: (None, None),
     "user": lambda: ("session", get_user_model().objects.create_user("user", password="pw")),
-    "staff_none": _staff(),
-    "staff_view": _staff(*VIEW),
-    "staff_change": _staff(*CHANGE),
+    "staff_none": _staff("staff_none"),
+    "staff_view": _staff("staff_view", *VIEW),
+    "staff_change": _staff("staff_change", *CHANGE),
     "superuser": lambda: ("session", get_user_model().objects.create_superuser("root", password="pw")),
-    "key_read": _key("read"),
-    "key_write": _key("read", "write"),
-    "key_operate": _key("read", "operate"),
-    "key_expired": _key("read", "write", "operate", expired=True),
-    "key_revoked": _key("read", "write", "operate", revoked=True),
+    "key_read": _key("key_read", "read"),
+    "key_write": _key("key_write", "read", "write"),
+    "key_operate": _key("key_operate", "read", "operate"),
+    "key_expired": _key("key_expired", "read", "write", "operate", expired=True),
+    "key_revoked": _key("key_revoked", "read", "write", "operate", revoked=True),
 }
 
 # What each principal gets, per kind of API endpoint: "ok" is the endpoint's own success.
@@ -178,8 +180,42 @@ DASHBOARD = [
 ]
 
 
+@pytest.fixture(scope="module")
+def _rows(django_db_setup, django_db_blocker):
+    """The world and every principal, made once for the module's 484 cells: what a cell
+    writes is rolled back after it (tests.support.shared_rows), so each cell starts from
+    the rows as they were made."""
+    with shared_rows(django_db_blocker):
+        yield _world(), {name: make() for name, make in PRINCIPALS.items()}
+
+
+@pytest.fixture(scope="module")
+def _handler():
+    """One request handler for the module's clients, as one server process has one: its
+    middleware is built once, not once per cell (WhiteNoise's, once collectstatic has
+    run, reads every collected file's metadata as it is built)."""
+    return Client().handler
+
+
 @pytest.fixture
-def world():
+def client(_handler):
+    """pytest-django's client (a fresh one per cell: its own cookies), on the shared handler."""
+    client = Client()
+    client.handler = _handler
+    return client
+
+
+@pytest.fixture
+def world(_rows):
+    return _rows[0]
+
+
+@pytest.fixture
+def principals(_rows):
+    return _rows[1]
+
+
+def _world():
     """One of each row the endpoints act on; ids by name."""
     pending = JobFactory(kind="echo", run_at=timezone.now() + timedelta(hours=1))
     letter = DeadLetterFactory(job=JobFactory(kind="echo", dead=True))
@@ -211,8 +247,8 @@ def fingerprint():
     )
 
 
-def as_principal(client, name):
-    how, who = PRINCIPALS[name]()
+def as_principal(client, principals, name):
+    how, who = principals[name]
     if how == "session":
         client.force_login(who)
     return {"HTTP_X_API_KEY": who} if how == "key" else {}
@@ -227,9 +263,9 @@ def cells(table):
 
 
 @pytest.mark.parametrize("principal, endpoint", cells(API))
-def test_api(client, world, principal, endpoint):
+def test_api(client, world, principals, principal, endpoint):
     _, kind, method, path, body, success = endpoint
-    headers = as_principal(client, principal)
+    headers = as_principal(client, principals, principal)
     expected = API_EXPECTED[principal][kind]
     before = fingerprint()
     send = getattr(client, method)
@@ -245,9 +281,9 @@ def test_api(client, world, principal, endpoint):
 
 
 @pytest.mark.parametrize("principal, endpoint", cells(DASHBOARD))
-def test_dashboard(client, world, principal, endpoint):
+def test_dashboard(client, world, principals, principal, endpoint):
     name, kind, method, view, args, data = endpoint
-    headers = as_principal(client, principal)
+    headers = as_principal(client, principals, principal)
     expected = DASHBOARD_EXPECTED[principal][kind]
     expected = KEPT.get((principal, name), expected)
     url = reverse(f"queue_app_dashboard:{view}", args=[world.get(a, a) for a in args])

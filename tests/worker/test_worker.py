@@ -19,6 +19,10 @@ from tests.support import lapse
 from tests.worker_support import lease_settings, run_worker, start_worker, stop, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
+# The tests that run all they test in this process (no worker process, no subprocess, no
+# second connection) need no commit: a transaction rolled back after each, not a flush of
+# every table.
+in_process = pytest.mark.django_db
 
 
 def test_burst_worker_drains_the_queue_with_sync_and_async_handlers():
@@ -46,6 +50,7 @@ def test_worker_with_several_threads_runs_every_job_once():
     assert set(Job.objects.values_list("attempts", flat=True)) == {1}
 
 
+@in_process
 def test_run_once_runs_one_batch_in_this_process():
     bulk_enqueue([{"kind": "add", "payload": {"a": n, "b": 1}} for n in range(3)] + [{"kind": "echo"}] * 2)
 
@@ -70,6 +75,7 @@ def test_handler_returning_what_json_cannot_hold_is_dead_lettered_at_once(batch)
     assert Job.objects.filter(id__in=[j.id for j in good], state=State.COMPLETED).count() == 3
 
 
+@in_process
 def test_batched_acks_complete_only_the_jobs_this_worker_still_holds():
     kept, taken = bulk_enqueue([{"kind": "echo"}, {"kind": "echo"}])
     claimed = {j.id: j for j in transitions.claim("w/0.1", limit=2)}

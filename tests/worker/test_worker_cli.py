@@ -23,6 +23,10 @@ from tests.factories import WorkerFactory
 from tests.worker_support import manage, read_until, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
+# The tests that run all they test in this process (no worker process, no subprocess, no
+# second connection) need no commit: a transaction rolled back after each, not a flush of
+# every table.
+in_process = pytest.mark.django_db
 
 RUNWORKER = ("runworker", "--import", "tests.worker_support", "--poll", "50ms")
 
@@ -113,6 +117,7 @@ def test_quiet_worker_finishes_its_running_job_leases_no_more_and_stays_up_until
     assert later.state == State.PENDING
 
 
+@in_process
 def test_stopworkers_quiet_asks_running_workers_but_not_stopping_ones():
     running = WorkerFactory(name="up")
     WorkerFactory(name="leaving", stop_requested_at=timezone.now())
@@ -126,6 +131,7 @@ def test_stopworkers_quiet_asks_running_workers_but_not_stopping_ones():
     ]
 
 
+@in_process
 def test_stopworkers_without_names_asks_every_running_worker():
     running = WorkerFactory.create_batch(2)
     WorkerFactory(state=WorkerState.STOPPED)
@@ -137,6 +143,7 @@ def test_stopworkers_without_names_asks_every_running_worker():
     assert all(f"stop requested: {w.name}" in out.getvalue() for w in running)
 
 
+@in_process
 def test_stopworkers_with_an_unknown_name_fails_and_asks_nobody():
     WorkerFactory(name="known")
 
@@ -147,6 +154,7 @@ def test_stopworkers_with_an_unknown_name_fails_and_asks_nobody():
     assert not Worker.objects.filter(stop_requested_at__isnull=False).exists()
 
 
+@in_process
 def test_workers_lists_running_workers_and_shows_a_stale_one_as_lost():
     WorkerFactory(name="fresh", jobs_in_hand=3)
     WorkerFactory(name="stale", last_heartbeat=timezone.now() - timedelta(minutes=10))
@@ -162,6 +170,7 @@ def test_workers_lists_running_workers_and_shows_a_stale_one_as_lost():
     assert re.search(r"\b10m0\ds ago", lines["stale"])
 
 
+@in_process
 def test_workers_all_includes_stopped_ones():
     WorkerFactory(name="gone", state=WorkerState.STOPPED)
     out = StringIO()
@@ -237,6 +246,7 @@ def test_runworker_refuses_to_start_when_its_metrics_port_is_taken_and_registers
     assert not Worker.objects.exists()
 
 
+@in_process
 @pytest.mark.parametrize(
     "flag, addr, message",
     [
@@ -254,6 +264,7 @@ def test_runworker_refuses_a_malformed_server_address_and_registers_nothing(flag
     assert not Worker.objects.exists()
 
 
+@in_process
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -283,6 +294,7 @@ def test_runworker_refuses_bad_flags_with_a_clear_message_and_status_2(args, mes
     assert not Worker.objects.exists()
 
 
+@in_process
 def test_runworker_defaults_for_kinds_max_jobs_max_runtime_and_burst_come_from_settings(settings):
     assert (worker.Options().resolved().kinds, worker.Options().resolved().burst) == ((), False)
     settings.JOBQUEUE = {
