@@ -172,7 +172,8 @@ def _fold(db, now):
         for row in rows:
             gaps.pop(row[ID], None)
     counts = {}
-    if last == 0:
+    first = last == 0
+    if first:
         # First fold on a database with history: count the old part in the database
         # once instead of streaming it; only the newest batch goes row by row.
         top = Event.objects.using(db).order_by("-id").values_list("id", flat=True).first() or 0
@@ -182,8 +183,9 @@ def _fold(db, now):
                 counts[type_] = counts.get(type_, 0) + n
             last = top - batch
     # The rollup counts from now (an upgrade; a history too long to stream, counted in
-    # bulk above), or from the start when this fold streams the whole log.
-    flow_since = cp.flow_since or (flow_rollup.FROM_THE_START if last == 0 else now)
+    # bulk above), or from the start when this fold streams the whole log: also when the
+    # ids run past the batch but the rows below it are gone (pruned, rolled back).
+    flow_since = cp.flow_since or (flow_rollup.FROM_THE_START if first and not counts else now)
     counts_from = cp.counts_from
     if counts_from is None:
         counts_from = _recount(db)
