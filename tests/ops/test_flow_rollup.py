@@ -92,30 +92,16 @@ def test_failed_attempts_count_in_the_window():
 
 def test_each_fold_forgets_rows_past_their_keeping():
     now = timezone.now()
-    old_minute = FlowBucket.objects.create(
-        span=FlowSpan.MINUTE,
-        start=flow_rollup.start_of(now - timedelta(hours=3), FlowSpan.MINUTE),
-        queue_name="q",
-        kind="k",
-    )
-    kept_minute = FlowBucket.objects.create(
-        span=FlowSpan.MINUTE,
-        start=flow_rollup.start_of(now - timedelta(hours=1), FlowSpan.MINUTE),
-        queue_name="q",
-        kind="k",
-    )
-    old_hour = FlowBucket.objects.create(
-        span=FlowSpan.HOUR,
-        start=flow_rollup.start_of(now - timedelta(days=9), FlowSpan.HOUR),
-        queue_name="q",
-        kind="k",
-    )
-    kept_hour = FlowBucket.objects.create(
-        span=FlowSpan.HOUR,
-        start=flow_rollup.start_of(now - timedelta(days=6), FlowSpan.HOUR),
-        queue_name="q",
-        kind="k",
-    )
+
+    def bucket(span, ago):
+        return FlowBucket.objects.create(
+            span=span, start=flow_rollup.start_of(now - ago, span), queue_name="q", kind="k"
+        )
+
+    old_minute = bucket(FlowSpan.MINUTE, timedelta(hours=3))
+    kept_minute = bucket(FlowSpan.MINUTE, timedelta(hours=1))
+    old_hour = bucket(FlowSpan.HOUR, timedelta(days=9))
+    kept_hour = bucket(FlowSpan.HOUR, timedelta(days=6))
     enqueue("echo", {})
     metrics.fold_events()
     left = set(FlowBucket.objects.values_list("id", flat=True))
