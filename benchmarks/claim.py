@@ -27,7 +27,6 @@ django.setup()
 
 from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
-from django.test.utils import CaptureQueriesContext  # noqa: E402
 
 from queue_app.core import transitions  # noqa: E402
 
@@ -93,18 +92,28 @@ def timed_claim(limit, aging, queues=None):
 
 
 def plan(limit, aging):
-    with CaptureQueriesContext(connection) as ctx:
-        try:
-            with transaction.atomic():
-                transitions.claim("bench", limit=limit, aging=aging)
-                raise Rollback
-        except Rollback:
-            pass
-    claim_sql = next(q["sql"] for q in ctx.captured_queries if "UPDATE" in q["sql"] and "levels" in q["sql"])
+    # The statement and its parameters as the engine ran it: the query log's text of a
+    # prepared statement (PostgreSQL's hot_cursor) is not SQL one could run again.
+    captured = []
+
+    def capture(execute, sql, params, many, context):
+        if "UPDATE" in sql and "levels" in sql:
+            captured.append((sql, params))
+        return execute(sql, params, many, context)
+
+    try:
+        with transaction.atomic(), connection.execute_wrapper(capture):
+            transitions.claim("bench", limit=limit, aging=aging)
+            raise Rollback
+    except Rollback:
+        pass
+    claim_sql, claim_params = captured[0]
     with connection.cursor() as cursor:
         try:
             with transaction.atomic():
-                cursor.execute("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY ON) " + claim_sql)
+                cursor.execute(
+                    "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY ON) " + claim_sql, claim_params
+                )
                 lines = [row[0] for row in cursor.fetchall()]
                 raise Rollback
         except Rollback:

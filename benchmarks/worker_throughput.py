@@ -36,10 +36,13 @@ ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 # runworker refuses to start without one (the benchmarks' throwaway databases sign nothing).
 os.environ.setdefault("SECRET_KEY", "benchmarks-only-not-a-secret")
+# JOBQUEUE_BENCH_TAG=x gives these databases a suffix, so benchmarks run from two
+# checkouts at once do not drop each other's.
+_TAG = os.environ.get("JOBQUEUE_BENCH_TAG", "")
 URLS = {
-    "sqlite": "sqlite:////tmp/jq_bench_worker.db",
-    "postgres": "postgres://postgres@127.0.0.1:5432/jq_bench_worker",
-    "mysql": "mysql://root@127.0.0.1:3306/jq_bench_worker",
+    "sqlite": f"sqlite:////tmp/jq_bench_worker{_TAG}.db",
+    "postgres": f"postgres://postgres@127.0.0.1:5432/jq_bench_worker{_TAG}",
+    "mysql": f"mysql://root@127.0.0.1:3306/jq_bench_worker{_TAG}",
 }
 
 

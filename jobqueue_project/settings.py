@@ -219,6 +219,8 @@ JOBQUEUE = {
     "TASK_MODULES": env.list("JOBQUEUE_TASK_MODULES", default=None),
     # `enqueue --command` / the "shell" kind run shell commands on the workers.
     "SHELL_JOBS": env.bool("JOBQUEUE_SHELL_JOBS", default=False),
+    # JOBQUEUE_POSTGRES_PREPARE=0 behind a pooler that cannot keep prepared statements.
+    "POSTGRES_PREPARE": env.bool("JOBQUEUE_POSTGRES_PREPARE", default=True),
 }
 
 # LOG_FORMAT=json: one JSON object a line (python-json-logger), with the job's fields

@@ -122,6 +122,11 @@ DEFAULTS = {
     # PostgreSQL channel that enqueue NOTIFYs and each runworker's supervisor LISTENs on
     # (one wake-up per NOTIFY, to one idle child: worker/wakeup.py); None disables.
     "NOTIFY_CHANNEL": "jobqueue",
+    # PostgreSQL: the worker's claim and acknowledgement statements are prepared once per
+    # connection (server-side binding) instead of parsed on every call: about a third of
+    # the server's work on a claim. False behind a pooler that cannot keep prepared
+    # statements (PgBouncer in transaction mode before 1.21).
+    "POSTGRES_PREPARE": True,
     # SQLite: seconds between the supervisor's looks at PRAGMA data_version (whether any
     # connection committed since) where inotify on the WAL file is not available; it
     # wakes one idle child when new work was committed; 0 disables (plain polling).
@@ -282,10 +287,19 @@ class QueueSettings:
     def __getattr__(self, name):
         if name not in self._defaults:
             raise AttributeError(f"Invalid JOBQUEUE setting: {name!r}")
-        if name in _RUNTIME and self._store is not None:
-            stored = self.stored()
-            if name in stored:
-                return stored[name]
+        if name in _RUNTIME:
+            if self._store is not None:
+                stored = self.stored()
+                if name in stored:
+                    return stored[name]
+        elif name not in self._cache:
+            # Kept as an attribute too: the next read finds it without this method, which
+            # Python calls only after a failed lookup (an AttributeError made and caught,
+            # most of a read's cost: an enqueue reads six). reload() takes them away.
+            # Never a runtime setting's: the store may change it at any read.
+            value = self._cache[name] = self._user.get(name, self._defaults[name])
+            self.__dict__[name] = value
+            return value
         if name not in self._cache:
             self._cache[name] = self._user.get(name, self._defaults[name])
         return self._cache[name]
@@ -313,9 +327,20 @@ class QueueSettings:
         return self._stored
 
     def reload(self):
+        for name in self._cache:
+            self.__dict__.pop(name, None)
         self._cache.clear()
         self._stored_until = 0.0
 
+
+def _runtime(name):
+    # A runtime setting is a property, found by the ordinary lookup: through
+    # __getattr__ each read would first fail one (an AttributeError made and caught).
+    return property(lambda self: self.__getattr__(name), doc=f"{name} (a runtime setting)")
+
+
+for _name in RUNTIME:
+    setattr(QueueSettings, _name, _runtime(_name))
 
 settings = QueueSettings(DEFAULTS)
 

@@ -75,6 +75,19 @@ class NotStarted(QueueError):
         self.error = error
 
 
+class ClaimNotRead(QueueError):
+    """complete_and_claim committed, acknowledging ``completed`` and leasing jobs, but
+    reading the leased rows failed (a raising Job post_init receiver, a converter): the
+    acknowledgements stand, and the jobs it leased are unknown to the worker, which gives
+    them back as after any failed claim. The cause is the read's error."""
+
+    def __init__(self, completed):
+        super().__init__(
+            f"the claim committed with {len(completed)} acknowledgements, but its jobs were not read"
+        )
+        self.completed = completed
+
+
 class WaitTimeout(QueueError, TimeoutError):
     """wait() gave up: the job had not ended within the timeout."""
 

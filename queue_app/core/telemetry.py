@@ -185,14 +185,39 @@ def _parent(carrier):
     return parent
 
 
+# An Attempt's _outcome while its span waits for the write that settles its job (defer()),
+# and once its span has ended.
+_DEFERRED = object()
+_FINISHED = object()
+
+
 class Attempt:
     """One attempt's log fields and (with OpenTelemetry) its span, current while the
     attempt runs: ``with attempt(job, worker_id) as traced``, then ``traced.failed(exc)``
     and ``traced.settled(outcome)``. A class with start_span and attach, not generator
     context managers (ours, the SDK's start_as_current_span and its use_span): each of
-    those cost about a microsecond a job, and the span path runs once per job."""
+    those cost about a microsecond a job, and the span path runs once per job.
 
-    __slots__ = ("_context_token", "_current", "_job", "_outcome", "_started", "_token", "_worker_id", "span")
+    Its outcome (``queue_app.outcome``) is what settling the job recorded: its new state,
+    or "lost" if the fence refused the write (the lease was recovered, cancelled or
+    re-claimed); none if that write itself failed (its error is recorded): it may have
+    committed with only its answer lost, or not, and the lease lapses to recovery. A job
+    settled after the attempt ends (a batched acknowledgement, a chunk's) calls
+    ``traced.defer()`` in it instead: the span stays open past it, its run time the
+    handler's, until ``finish()`` gives the write's outcome (acknowledged(),
+    unacknowledged())."""
+
+    __slots__ = (
+        "_context_token",
+        "_current",
+        "_job",
+        "_outcome",
+        "_run_seconds",
+        "_started",
+        "_token",
+        "_worker_id",
+        "span",
+    )
 
     def __init__(self, job, worker_id, *, current=True):
         self._job = job
@@ -245,13 +270,24 @@ class Attempt:
             return False
         if self._current:
             otel_context.detach(self._context_token)
+        outcome = self._outcome
+        if outcome is _DEFERRED:
+            if exc is None:
+                return False  # finish() ends it
+            outcome = None  # ends now, the job unsettled: a finish() after is too late
+            run_seconds = self._run_seconds
+        elif outcome is _FINISHED:
+            return False
+        else:
+            run_seconds = time.monotonic() - self._started
+        self._outcome = _FINISHED
         # The handler's error is caught before it leaves the attempt (failed() records
         # it); one of the worker's own that escapes is recorded here, as the SDK would.
         if isinstance(exc, Exception):
             _record(span, exc)
-        attributes = {"queue_app.run_seconds": time.monotonic() - self._started}
-        if self._outcome is not None:
-            attributes["queue_app.outcome"] = self._outcome
+        attributes = {"queue_app.run_seconds": run_seconds}
+        if outcome is not None:
+            attributes["queue_app.outcome"] = outcome
         span.set_attributes(attributes)  # one call, one lock: not one per attribute
         span.end()
         return False
@@ -265,6 +301,44 @@ class Attempt:
         """Set the attempt's outcome: the job's new state, or "lost" if the lease was."""
         self._outcome = outcome or "lost"
 
+    def defer(self):
+        """The handler is done, its job is settled later: the span's run time ends now,
+        the span itself at finish(), which may come after the attempt. Return self, or
+        None if there is no span (nothing to finish)."""
+        if self.span is None:
+            return None
+        self._run_seconds = time.monotonic() - self._started
+        self._outcome = _DEFERRED
+        return self
+
+    def finish(self, outcome, exc=None):
+        """End a deferred span once its job's settling write is done: with ``outcome``
+        (as settled()), or with none and ``exc`` recorded, the error that write failed with."""
+        if self._outcome is not _DEFERRED:
+            return
+        self._outcome = _FINISHED
+        span = self.span
+        attributes = {"queue_app.run_seconds": self._run_seconds}
+        if exc is None:
+            attributes["queue_app.outcome"] = outcome or "lost"
+        else:
+            _record(span, exc)
+        span.set_attributes(attributes)
+        span.end()
+
+
+def acknowledged(attempts, completed):
+    """End the deferred spans of ``attempts`` once their batched acknowledgement
+    committed: "completed" if its job's id is in ``completed``, else "lost" (fenced out)."""
+    for each in attempts:
+        each.finish("completed" if each._job.id in completed else None)
+
+
+def unacknowledged(attempts, exc):
+    """End the deferred spans of ``attempts`` whose acknowledgement failed with ``exc``."""
+    for each in attempts:
+        each.finish(None, exc)
+
 
 def attempt(job, worker_id):
     """Around one attempt of ``job``: its log fields, and (with OpenTelemetry) a span that
@@ -276,7 +350,8 @@ class Chunk:
     """Around a chunk's call (registry.chunking): an attempt span per job, each in its own
     enqueuing trace as attempt() makes it but none current (the one call serves them
     all), and the log fields of the call: its kind, queue and worker, no job id.
-    ``traced[n]`` is job n's Attempt, for its failed() and settled()."""
+    ``traced[n]`` is job n's Attempt, for its failed() and settled(), or its finish()
+    after ``traced.defer()``: the jobs settle after the call."""
 
     __slots__ = ("_attempts", "_token", "_worker_id", "jobs")
 
@@ -287,6 +362,9 @@ class Chunk:
 
     def __getitem__(self, n):
         return self._attempts[n]
+
+    def __iter__(self):
+        return iter(self._attempts)
 
     def __enter__(self):
         for each in self._attempts:
@@ -301,6 +379,11 @@ class Chunk:
         for each in self._attempts:
             each.__exit__(exc_type, exc, tb)
         return False
+
+    def defer(self):
+        """Attempt.defer() for each job: their spans stay open past the call."""
+        for each in self._attempts:
+            each.defer()
 
 
 def chunk(jobs, worker_id):

@@ -51,7 +51,7 @@ from queue_app.core import events as events_
 from queue_app.core import follow_ups as chaining
 from queue_app.engines import rows
 from queue_app.engines.base import Fence
-from queue_app.exceptions import InvalidJob, InvalidTransition, JobNotFound
+from queue_app.exceptions import ClaimNotRead, InvalidJob, InvalidTransition, JobNotFound
 from queue_app.models import AdmissionKey, DeadLetter, Event, EventType, Job, KindCrashes, State
 
 log = logging.getLogger("queue_app")
@@ -590,6 +590,35 @@ def claim(
     worker_id, *, limit=1, queues=None, kinds=None, lease_seconds=None, aging=None, now=None, using=None
 ):
     """Lease up to ``limit`` ready jobs to ``worker_id``; return them in lease order."""
+    return _claim(
+        worker_id,
+        limit=limit,
+        queues=queues,
+        kinds=kinds,
+        lease_seconds=lease_seconds,
+        aging=aging,
+        now=now,
+        using=using,
+    )()
+
+
+def claims_skip_locked(using=None):
+    """Whether an empty claim may have passed over ready jobs locked for an instant by
+    another transaction (PostgreSQL, MariaDB: SKIP LOCKED), so that only a second claim
+    tells an empty queue."""
+    return engines.of(connections[_db(using)]).skips_locked_rows
+
+
+def _in_order(connection, found, key):
+    return sorted(rows.JobReader.on(connection).jobs(found), key=key) if found else []
+
+
+def _claim(
+    worker_id, *, limit=1, queues=None, kinds=None, lease_seconds=None, aging=None, now=None, using=None
+):
+    """claim(), returning a function that builds the leased Job instances: a caller's
+    transaction (complete_and_claim) commits first, as reading the rows needs no lock
+    and holding SQLite's write lock for it keeps every other worker waiting."""
     validation.batch_size(limit)
     db = _db(using)
     connection = connections[db]
@@ -630,7 +659,7 @@ def claim(
         # statement or transaction), and only then the long way below.
         found = claim_one(limit=limit, kinds=list(kinds) if kinds else None, unless_gated=True)
         if found is not None:
-            return sorted(rows.JobReader.on(connection).jobs(found), key=in_order) if found else []
+            return partial(_in_order, connection, found, in_order)
     # Paused queues/kinds are never leased; limited (and fair) kinds are claimed one by
     # one under their limit row's lock before the main claim (flow.py says why).
     pauses, limits = flow.claim_gates(db)
@@ -675,7 +704,7 @@ def claim(
         # Atomic with its events on its own (on PostgreSQL one statement, no BEGIN/COMMIT).
         jobs += lease(limit - len(jobs), kinds=wanted, exclude_kinds=excluded)
     jobs.sort(key=in_order)
-    return jobs
+    return lambda: jobs
 
 
 def complete_and_claim(done, worker_id, **claim_options):
@@ -687,10 +716,19 @@ def complete_and_claim(done, worker_id, **claim_options):
     settle-only edges nest without savepoints (a failure anywhere rolls back both, and
     the caller acknowledges on its own before retrying the claim)."""
     db = _db(claim_options.get("using"))
+    # What needs no lock comes before the transaction or after its commit (validating
+    # the results, building the claimed jobs): on SQLite the whole transaction holds the
+    # one write lock every worker waits for.
+    done = _validated(done)
     with transaction.atomic(using=db):
-        completed = complete_many(done, worker_id=worker_id, now=claim_options.get("now"), using=db)
-        jobs = claim(worker_id, **{**claim_options, "using": db})
-    return completed, jobs
+        completed = complete_many(
+            done, worker_id=worker_id, now=claim_options.get("now"), using=db, validated=True
+        )
+        built = _claim(worker_id, **{**claim_options, "using": db})
+    try:
+        return completed, built()
+    except Exception as exc:
+        raise ClaimNotRead(completed) from exc
 
 
 # What a terminal edge reads to enqueue follow-ups (not the payload, which may be large).
@@ -802,16 +840,25 @@ _HAS_FOLLOW_UP = ExpressionWrapper(
 )
 
 
-def complete_many(done, *, worker_id, now=None, using=None):
+def _validated(done):
+    """``done`` as complete_many takes it, [(job_id, attempt, result, output)], each
+    result checked (validation.payload)."""
+    return [(d[0], d[1], validation.payload(d[2], "result"), d[3] if len(d) > 3 else None) for d in done]
+
+
+def complete_many(done, *, worker_id, now=None, using=None, validated=False):
     """Mark many leased jobs completed in one transaction (batched acks).
 
     ``done`` is [(job_id, attempt, result)] for handlers that have returned, or
     [(job_id, attempt, result, output)] with what each printed. Return the ids completed;
     the others were no longer this worker's (and are logged as lost). ``now``, if given,
     is their finished_at: the caller builds their TaskResults from it, with no read back.
+    ``validated``: ``done`` comes from _validated().
     """
-    outputs = {d[0]: d[3] for d in done if len(d) > 3 and d[3]}
-    done = [(job_id, attempt, validation.payload(result, "result")) for job_id, attempt, result, *_ in done]
+    if not validated:
+        done = _validated(done)
+    outputs = {d[0]: d[3] for d in done if d[3]}
+    done = [(job_id, attempt, result) for job_id, attempt, result, _ in done]
     if not done:
         return set()
     db = _db(using)

@@ -15,7 +15,7 @@ started), the caller leaves it None and the engine fills it in.
 
 from collections import Counter
 from dataclasses import dataclass
-from functools import reduce
+from functools import cached_property, reduce
 from operator import or_
 
 from django.db import transaction
@@ -43,9 +43,10 @@ class Fence:
     for the ORM (q) and for an engine's SQL (sql, joined)."""
 
     @staticmethod
-    def leased_to(prefix=""):
-        """SQL: the row is leased to the owner (its one parameter); ``prefix`` qualifies the columns."""
-        return f"{prefix}state = 'leased' AND {prefix}lease_owner = %s"
+    def leased_to(prefix="", state=None):
+        """SQL: the row is leased to the owner (its one parameter); ``prefix`` qualifies the
+        columns; ``state``, SQL for the state column in place of the column itself."""
+        return f"{state or prefix + 'state'} = 'leased' AND {prefix}lease_owner = %s"
 
     def __init__(self, owner, pairs):
         self.owner = owner
@@ -91,7 +92,7 @@ class Fence:
         seeks each pair's id: planning by the state index, SQLite (always) and PostgreSQL
         (with statistics from before a burst of leases) read every leased row of every worker."""
         t, v = table, pairs_alias
-        leased = cls.leased_to(f"{t}.").replace(f"{t}.state = ", f"({t}.state || '') = ")
+        leased = cls.leased_to(f"{t}.", state=f"({t}.state || '')")
         return f"{t}.id = {v}.id AND {t}.attempts = {v}.attempt AND {leased}"
 
 
@@ -109,6 +110,9 @@ class Engine:
     """One database's SQL for the state machine. Built once per connection (engines.of)."""
 
     vendor = None
+    # Whether a claim passes over ready rows another transaction holds locked (FOR UPDATE
+    # SKIP LOCKED): an empty claim then does not prove the queue empty.
+    skips_locked_rows = True
 
     def __init__(self, connection):
         self.connection = connection
@@ -116,6 +120,38 @@ class Engine:
     def atomic(self):
         """One transaction for a write and its events (none of its own inside the caller's)."""
         return transaction.atomic(using=self.connection.alias, savepoint=False)
+
+    def lone_insert(self, givens):
+        """Whether an enqueue of ``givens`` may skip Django's transaction and cursor layers
+        (an engine's _insert_one): one job, outside any transaction, while nobody logs or
+        wraps the queries (they must then see every statement)."""
+        connection = self.connection
+        return (
+            len(givens) == 1
+            and not connection.in_atomic_block
+            and connection.get_autocommit()
+            and not connection.queries_logged
+            and not connection.execute_wrappers
+        )
+
+    @cached_property
+    def lone_inserts(self):
+        """(SQL, SQL): one job row's INSERT and one event row's, with the driver's own
+        placeholders, for an engine's _insert_one (run on the driver, only while no query
+        is logged: rows.placeholders)."""
+        connection = self.connection
+        writer = rows.JobWriter.on(connection)
+        return (
+            f"INSERT INTO {rows.JOB_TABLE} ({writer.columns})"
+            f" VALUES {rows.placeholders(writer.width, 1, connection)}",
+            f"INSERT INTO {rows.EVENT_TABLE} ({rows.EVENT_COLUMNS})"
+            f" VALUES {rows.placeholders(rows.EVENT_WIDTH, 1, connection)}",
+        )
+
+    def hot_cursor(self):
+        """A cursor for the statements a worker runs all the time (the claim, its events,
+        the batched acknowledgement); an engine may make them cheaper to run again."""
+        return self.connection.cursor()
 
     def doctor(self):
         """What this database's own settings would have fixed: [(problem, fix)] (manage.py doctor)."""

@@ -149,19 +149,21 @@ def json_once(connection, value):
 _EVENT_FIELDS = [Event._meta.get_field(a) for a in EVENT_GIVEN] + list(_EVENT_OTHER)
 
 
-def insert_events(connection, rows, chunk=500, copy=False):
+def insert_events(connection, rows, chunk=500, copy=False, cursor=None):
     """Append event rows (lists from event_params) with one INSERT per ``chunk`` rows
-    (on PostgreSQL one INSERT, or with ``copy`` a COPY)."""
+    (on PostgreSQL one INSERT, or with ``copy`` a COPY), on ``cursor`` if given."""
     if connection.vendor == "postgresql" and copy:
         copy_insert(connection, EVENT_TABLE, EVENT_COLUMNS, rows)
         return
     if connection.vendor == "postgresql" and len(rows) > 1:
         unnest_insert(connection, EVENT_TABLE, EVENT_COLUMNS, _EVENT_FIELDS, rows)
         return
-    with connection.cursor() as cursor:
-        for start in range(0, len(rows), chunk):
-            sql, params = values_clause(connection, rows[start : start + chunk])
-            cursor.execute(f"INSERT INTO {EVENT_TABLE} ({EVENT_COLUMNS}) VALUES {sql}", params)
+    if cursor is None:
+        with connection.cursor() as cursor:
+            return insert_events(connection, rows, chunk, copy, cursor)
+    for start in range(0, len(rows), chunk):
+        sql, params = values_clause(connection, rows[start : start + chunk])
+        cursor.execute(f"INSERT INTO {EVENT_TABLE} ({EVENT_COLUMNS}) VALUES {sql}", params)
 
 
 def _per_connection(cls, connection):
@@ -289,6 +291,11 @@ class JobWriter:
             "ForeignKey",
         }
         self.plain = [f.get_internal_type() in plain for f in fields]
+        # Every column's default as a value and as a parameter, adapted once here: a row
+        # copies them and sets only what its job gives (a single enqueue adapted every column).
+        self.default_values = [self.defaults[a] for a in self.attnames]
+        self.default_params = self.params(self.default_values, {})
+        self._shapes = {}
 
     @classmethod
     def on(cls, connection):
@@ -330,18 +337,10 @@ class JobWriter:
         ``raw_json`` leaves those texts as they are, for COPY, which takes JSON as text."""
         if not givens:
             return [], []
-        index = {a: i for i, a in enumerate(self.attnames)}
-        keys = list(givens[0])
-        base_values = self.values(givens[0])
-        base_params = self.params(base_values, cache)
-        fresh = [(index[a], f) for a, f in self.fresh.items() if a not in givens[0]]
-        plain = [(a, index[a]) for a in keys if self.plain[index[a]] and a not in json_texts]
-        other = [
-            (a, index[a], self.preps[index[a]])
-            for a in keys
-            if not self.plain[index[a]] and a not in json_texts
-        ]
-        texts = [(index[a], t) for a, t in json_texts.items()]
+        fresh, plain, other = self._shape(tuple(givens[0]), tuple(json_texts))
+        # Each row sets every column its dict gives: the rest keep the defaults.
+        base_values, base_params = self.default_values, self.default_params
+        texts = [(self.attnames.index(a), t) for a, t in json_texts.items()]
         all_values, all_params = [], []
         for n, given in enumerate(givens):
             values = base_values.copy()
@@ -366,6 +365,22 @@ class JobWriter:
             all_values.append(values)
             all_params.append(params)
         return all_values, all_params
+
+    def _shape(self, keys, json_keys):
+        """(fresh, plain, other) column lists for rows giving ``keys`` (rows()); the
+        callers give few shapes, each kept once worked out."""
+        shape = self._shapes.get((keys, json_keys))
+        if shape is None:
+            index = {a: i for i, a in enumerate(self.attnames)}
+            fresh = [(index[a], f) for a, f in self.fresh.items() if a not in keys]
+            plain = [(a, index[a]) for a in keys if self.plain[index[a]] and a not in json_keys]
+            other = [
+                (a, index[a], self.preps[index[a]])
+                for a in keys
+                if not self.plain[index[a]] and a not in json_keys
+            ]
+            shape = self._shapes[(keys, json_keys)] = (fresh, plain, other)
+        return shape
 
     def jobs(self, ids, rows):
         if _init_listened():

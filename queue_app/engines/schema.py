@@ -102,3 +102,56 @@ def drop_fair_index_0025(apps, schema_editor):
         schema_editor.execute(f"DROP INDEX IF EXISTS {name} ON queue_app_job")
     else:
         schema_editor.execute(f"DROP INDEX IF EXISTS {name}")
+
+
+# 0029: PostgreSQL writes a new entry into every index of a row on each update that
+# changes an indexed column (state does, on every transition), NULLs included. Most jobs
+# have no parent, group or idempotency key, so the plain indexes on those columns took
+# three entries per job per transition that no lookup ever reads (a claim of 10 touched
+# some 290 buffers, a third of them those). Partial over the non-NULL values, with the
+# same names and definitions otherwise: every lookup by a value still uses them (an
+# equality or LIKE implies NOT NULL). The unique constraint on idempotency_key stays one
+# (a partial unique index is not a constraint Django could alter later). SQLite and
+# MariaDB touch only the indexes whose columns changed.
+NOT_NULL_INDEXED = ("group_id", "parent_id", "idempotency_key")
+
+
+def _single_column_indexes(cursor, column, where, params=()):
+    """PostgreSQL: (name, definition) of the job table's indexes on ``column`` alone that
+    match ``where`` (SQL over pg_index i, with ``params``)."""
+    cursor.execute(
+        "SELECT c.relname, pg_get_indexdef(i.indexrelid) FROM pg_index i"
+        " JOIN pg_class c ON c.oid = i.indexrelid"
+        " JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]"
+        " WHERE i.indrelid = 'queue_app_job'::regclass AND i.indnatts = 1 AND a.attname = %s"
+        f" AND {where}",
+        [column, *params],
+    )
+    return cursor.fetchall()
+
+
+# Plain (no WHERE) and backing no constraint; and the partial ones 0029 made.
+_PLAIN = "i.indpred IS NULL AND NOT EXISTS (SELECT 1 FROM pg_constraint k WHERE k.conindid = i.indexrelid)"
+_PARTIAL = "pg_get_expr(i.indpred, i.indrelid) = %s"
+
+
+def partial_not_null_indexes_0029(apps, schema_editor):
+    if schema_editor.connection.vendor != "postgresql":
+        return
+    with schema_editor.connection.cursor() as cursor:
+        for column in NOT_NULL_INDEXED:
+            for name, definition in _single_column_indexes(cursor, column, _PLAIN):
+                schema_editor.execute(f'DROP INDEX "{name}"')
+                schema_editor.execute(f"{definition} WHERE {column} IS NOT NULL")
+
+
+def full_indexes_0029(apps, schema_editor):
+    if schema_editor.connection.vendor != "postgresql":
+        return
+    with schema_editor.connection.cursor() as cursor:
+        for column in NOT_NULL_INDEXED:
+            for name, definition in _single_column_indexes(
+                cursor, column, _PARTIAL, [f"({column} IS NOT NULL)"]
+            ):
+                schema_editor.execute(f'DROP INDEX "{name}"')
+                schema_editor.execute(definition.split(" WHERE ")[0])

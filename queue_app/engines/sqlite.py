@@ -3,8 +3,10 @@ every transaction IMMEDIATE), so no row locks are needed and none are taken; UPD
 RETURNING gives back what a write changed; the supervisor watches PRAGMA data_version."""
 
 import ctypes
+import functools
 import json
 import os
+import re
 import select
 
 from queue_app.conf import settings
@@ -49,6 +51,36 @@ def _effective(alias, now_db, aging_us):
     return f"{alias}.priority + (({_sqlite_us('%s')} - {run_at}) / %s)", [now_db, now_db, aging_us]
 
 
+# Django's SQLite cursor turns each %s into ? with a regular expression over the whole
+# statement on every call: for the claim's 2 KB and its events' INSERT that was a tenth
+# of a batch's claim and acknowledgement, all of it inside the write lock. hot_cursor()
+# converts each text once (Django's own rule: %s, not %%s; %% is %).
+_PLACEHOLDER = re.compile(r"(?<!%)%s")
+
+
+@functools.lru_cache(maxsize=256)
+def _qmark(sql):
+    return _PLACEHOLDER.sub("?", sql).replace("%%", "%")
+
+
+class _Qmark:
+    """A sqlite3 cursor whose execute() takes Django's %s placeholders, converted once
+    per statement text (_qmark)."""
+
+    __slots__ = ("cursor",)
+
+    def __init__(self, cursor):
+        self.cursor = cursor
+
+    def execute(self, sql, params=None):
+        if params is None:
+            return self.cursor.execute(sql)
+        return self.cursor.execute(_qmark(sql), params)
+
+    def __getattr__(self, name):
+        return getattr(self.cursor, name)
+
+
 # The batch's completion (complete_plain). UPDATE ... FROM needs SQLite 3.33, which every
 # library with RETURNING (3.35, the claim's) has.
 _T = TABLE
@@ -63,6 +95,49 @@ _COMPLETE_FROM = f"""
 
 class SqliteEngine(Engine):
     vendor = "sqlite"
+    skips_locked_rows = False  # writers take turns: a claim sees every ready row
+
+    def hot_cursor(self):
+        # Wrapped as Django wraps its own cursors, so its errors, execute_wrappers and
+        # query log still apply; only the placeholder conversion is remembered (_Qmark).
+        connection = self.connection
+        connection.ensure_connection()
+        return connection._prepare_cursor(_Qmark(connection.connection.cursor()))
+
+    # --- enqueue ---------------------------------------------------------------------
+
+    def insert_jobs(self, givens, payload_texts, events, now, *, savepoint=True):
+        if not self.lone_insert(givens) or self.connection.connection.in_transaction:
+            return super().insert_jobs(givens, payload_texts, events, now, savepoint=savepoint)
+        return self._insert_one(givens[0], payload_texts[0], events[0])
+
+    def _insert_one(self, given, payload_text, event):
+        """A single enqueue outside any transaction (a view's): its own BEGIN IMMEDIATE,
+        the job row, its event and COMMIT, on the driver's connection.
+
+        Django's transaction.atomic() and cursor wrapper (four layers per statement, a
+        regex over each SQL text, the autocommit switched off and back on) cost more
+        Python than the sqlite3 module's whole transaction; only what they do for this
+        case is kept: database errors become Django's (wrap_database_errors), and a
+        failure rolls the transaction back before it propagates. Not while Django logs
+        queries or a site wraps their execution (execute_wrappers): then through Django,
+        so that those see every statement."""
+        connection = self.connection
+        writer = rows.JobWriter.on(connection)
+        (values,), (params,) = writer.rows([given], {"payload": [payload_text]}, {})
+        insert_job, insert_event = self.lone_inserts
+        db = connection.connection
+        with connection.wrap_database_errors:
+            db.execute("BEGIN IMMEDIATE")  # the write lock now, as settings' transaction_mode does
+            try:
+                job_id = db.execute(insert_job, params).lastrowid
+                db.execute(insert_event, [job_id, *event])
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+        return writer.jobs([job_id], [values])
 
     def doctor(self):
         with self.connection.cursor() as cursor:
@@ -167,16 +242,15 @@ class SqliteEngine(Engine):
             + eff_params
             + [limit]
         )
-        with self.atomic():
-            with connection.cursor() as cursor:
-                cursor.execute(sql, params)
-                found = cursor.fetchall()
-                if not found and unless_gated:
-                    cursor.execute(f"SELECT {GATED}")
-                    if cursor.fetchone()[0]:
-                        return None
+        with self.atomic(), self.hot_cursor() as cursor:
+            cursor.execute(sql, params)
+            found = cursor.fetchall()
+            if not found and unless_gated:
+                cursor.execute(f"SELECT {GATED}")
+                if cursor.fetchone()[0]:
+                    return None
             if found:
-                rows.insert_events(connection, self._claimed_events(found, event))
+                rows.insert_events(connection, self._claimed_events(found, event), cursor=cursor)
         return found
 
     # The tenant walk and the fair seeks name their index, as the claim's level seeks do.
@@ -242,12 +316,11 @@ class SqliteEngine(Engine):
             + [owner, connection.ops.adapt_datetimefield_value(expires), now_db]
             + [limit]
         )
-        with self.atomic():
-            with connection.cursor() as cursor:
-                cursor.execute(sql, params)
-                found = cursor.fetchall()
+        with self.atomic(), self.hot_cursor() as cursor:
+            cursor.execute(sql, params)
+            found = cursor.fetchall()
             if found:
-                rows.insert_events(connection, self._claimed_events(found, event))
+                rows.insert_events(connection, self._claimed_events(found, event), cursor=cursor)
         return found
 
     def complete_plain(self, done, owner, at_db, event):
@@ -262,12 +335,12 @@ class SqliteEngine(Engine):
             (job_id, attempt, rows.json_value(connection, result)) for job_id, attempt, result, _ in done
         ]
         held = set()
-        with self.atomic(), connection.cursor() as cursor:
+        with self.atomic(), self.hot_cursor() as cursor:
             for run in by_size(triples, lambda t: len(t[2] or "")):
                 cursor.execute(_COMPLETE_FROM, [at_db, json.dumps(run), owner])
                 held.update(cursor.fetchall())
             if held:
-                rows.insert_events(connection, self._completed_events(done, held, event))
+                rows.insert_events(connection, self._completed_events(done, held, event), cursor=cursor)
         return {job_id for job_id, _ in held}
 
     # SQLite plans from average selectivity: once ANALYZE has seen a table where most

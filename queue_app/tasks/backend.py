@@ -56,8 +56,8 @@ from django.apps import apps
 from django.conf import settings as django_settings
 from django.core import checks
 from django.core.signals import setting_changed
-from django.db import router, transaction
-from django.tasks import DEFAULT_TASK_QUEUE_NAME, Task
+from django.db import connections, router, transaction
+from django.tasks import DEFAULT_TASK_QUEUE_NAME, Task, task_backends
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
@@ -226,6 +226,10 @@ class QueueTask(Task):
             )
         Task.__post_init__(self)
 
+    def get_backend(self):
+        # Django's imports task_backends at every call, for every enqueue.
+        return task_backends[self.backend]
+
     def using(
         self,
         *,
@@ -319,21 +323,35 @@ def _invalid(exc):
     return InvalidTask(str(exc))
 
 
-# (backend alias, task) -> the validated EnqueueRequest its jobs start from (its payload
-# replaced per call). validate_task (inspect.signature, the follow-up templates) and the
-# enqueue options cost as much as the rest of an enqueue in Python, and a Task is frozen:
-# they are checked on its first enqueue and again only when the settings change. Not for
-# a task with a run_after: its run_at depends on the moment of the call.
+# (backend alias, task, DEFAULT_MAX_ATTEMPTS) -> the validated EnqueueRequest its jobs
+# start from (its payload replaced per call). validate_task (inspect.signature, the
+# follow-up templates) and the enqueue options cost as much as the rest of an enqueue in
+# Python, and a Task is frozen: they are checked on its first enqueue and again only when
+# the settings change (the runtime default of max_attempts is in the key). Not for a task
+# with a run_after: its run_at depends on the moment of the call.
 _REQUESTS = {}
+# The same by (alias, id(task)) -> (task, request, default): a Task's dataclass hash goes over
+# every one of its ~40 fields, a tenth of the backend's own Python per call, and a
+# module's @task is the same object at every call. The entry holds the task, so its id
+# cannot be reused while it is there; an equal task (.using() per call) is found in
+# _REQUESTS by its hash and then kept here too.
+_BY_ID = {}
 _REQUESTS_MAX = 1024
 
 
 def _forget(*, setting, **kwargs):
     if setting in ("TASKS", "JOBQUEUE"):
         _REQUESTS.clear()
+        _BY_ID.clear()
 
 
 setting_changed.connect(_forget)
+
+# Every .enqueue() sends task_enqueued to the same few receivers (Django's own log line
+# among them): with the per-sender cache on, as tasks/running.py turns it on in workers,
+# Signal.send looks them up once instead of scanning them under a lock per send, a
+# quarter of what .enqueue() costs beyond enqueue(). connect() and disconnect() clear it.
+task_enqueued.use_caching = True
 
 
 class DatabaseBackend(BaseTaskBackend):
@@ -429,26 +447,45 @@ class DatabaseBackend(BaseTaskBackend):
 
     def request(self, task, args, kwargs):
         """The validated EnqueueRequest of a call of ``task`` (InvalidTask if refused)."""
-        key = (self.alias, task) if task.run_after is None else None
-        try:
-            template = _REQUESTS.get(key)
-        except TypeError:  # a task holding a dict (a follow-up template): checked each time
-            key = template = None
+        template = key = None
+        # The default a task without max_attempts gets is a runtime setting: a template
+        # holds the value of its time, so it serves only while that value stands.
+        attempts = settings.DEFAULT_MAX_ATTEMPTS
+        by_id = _BY_ID.get((self.alias, id(task)))
+        if by_id is not None and by_id[0] is task and by_id[2] == attempts:
+            template = by_id[1]
+        elif task.run_after is None:
+            key = (self.alias, task, attempts)
+            try:
+                template = _REQUESTS.get(key)
+            except TypeError:  # a task holding a dict (a follow-up template): checked each time
+                key = None
         if template is None:
             self.validate_task(task)
         try:
-            payload = {"args": normalize_json(list(args)), "kwargs": normalize_json(dict(kwargs))}
+            # normalize_json copies what it is given; nothing to copy is a new empty one.
+            payload = {
+                "args": normalize_json(list(args)) if args else [],
+                "kwargs": normalize_json(dict(kwargs)) if kwargs else {},
+            }
         except (TypeError, ValueError) as exc:
             raise TypeError(f"{task.module_path}: task arguments must be JSON-serializable ({exc})") from None
         try:
             if template is None:
-                req = validation.enqueue_request(task.module_path, payload, **self._job_options(task))
-                if key is not None:
-                    if len(_REQUESTS) >= _REQUESTS_MAX:
-                        _REQUESTS.clear()
-                    _REQUESTS[key] = req
-                return req
-            return validation.request_as(template, payload)
+                template = validation.enqueue_request(task.module_path, payload, **self._job_options(task))
+                if key is None:
+                    return template
+                if len(_REQUESTS) >= _REQUESTS_MAX:
+                    _REQUESTS.clear()
+                _REQUESTS[key] = template
+                req = template
+            else:
+                req = validation.request_as(template, payload)
+            if key is not None:
+                if len(_BY_ID) >= _REQUESTS_MAX:
+                    _BY_ID.clear()
+                _BY_ID[(self.alias, id(task))] = (task, template, attempts)
+            return req
         except InvalidJob as exc:
             if exc.field == "payload":
                 raise
@@ -471,7 +508,11 @@ class DatabaseBackend(BaseTaskBackend):
         result = task_results.pending(job, task, self.alias)
         # Workers see the job only when the caller's transaction commits, so receivers
         # hear about it then (at once outside a transaction; never after a rollback).
-        transaction.on_commit(lambda: task_enqueued.send(type(self), task_result=result), using=database)
+        connection = connections[database]
+        if connection.in_atomic_block or not connection.autocommit:
+            transaction.on_commit(lambda: task_enqueued.send(type(self), task_result=result), using=database)
+        else:  # what on_commit() would do, without its lambda and second connection lookup
+            task_enqueued.send(type(self), task_result=result)
         return result
 
     def enqueued(self, task, job):

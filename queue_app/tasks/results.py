@@ -228,17 +228,57 @@ _set = object.__setattr__
 def pending(job, task, alias):
     """The TaskResult of a job just enqueued: ready, no history yet."""
     args, kwargs = arguments(job)
-    return TaskResult(
-        task=task,
-        id=str(job.id),
-        status=TaskResultStatus.READY,
-        enqueued_at=job.created_at,
-        started_at=None,
-        finished_at=None,
-        last_attempted_at=None,
-        args=args,
-        kwargs=kwargs,
-        backend=alias,
-        errors=[],
-        worker_ids=[],
-    )
+    # Built field by field: TaskResult()'s __post_init__ would copy args and kwargs
+    # through normalize_json again, which the backend's enqueue has just done (the
+    # payload holds what it made), and its frozen __init__ costs as much.
+    result = _new_result(TaskResult)
+    (
+        task_,
+        id_,
+        status,
+        enqueued_at,
+        started_at,
+        finished_at,
+        last_at,
+        args_,
+        kwargs_,
+        backend,
+        errors,
+        workers,
+        value,
+    ) = _PENDING_SETTERS
+    task_(result, task)
+    id_(result, str(job.id))
+    status(result, _READY)
+    enqueued_at(result, job.created_at)
+    started_at(result, None)
+    finished_at(result, None)
+    last_at(result, None)
+    args_(result, args)
+    kwargs_(result, kwargs)
+    backend(result, alias)
+    errors(result, [])
+    workers(result, [])
+    value(result, None)
+    return result
+
+
+_READY = TaskResultStatus.READY
+# The slots' own setters: object.__setattr__ checks the type's setattr against its bases
+# at every call, a third of building a result.
+_PENDING_FIELDS = (
+    "task",
+    "id",
+    "status",
+    "enqueued_at",
+    "started_at",
+    "finished_at",
+    "last_attempted_at",
+    "args",
+    "kwargs",
+    "backend",
+    "errors",
+    "worker_ids",
+    "_return_value",
+)
+_PENDING_SETTERS = tuple(TaskResult.__dict__[name].__set__ for name in _PENDING_FIELDS)

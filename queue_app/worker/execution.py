@@ -254,10 +254,10 @@ def execute_chunk(jobs, worker_id, *, abort_probes=None, retrying=None, using=No
         for n, value in enumerate(outcomes):
             if isinstance(value, BaseException):
                 traced[n].failed(value)
-        settled = settle_chunk(jobs, outcomes, worker_id, output, retrying=retrying, using=using)
-        for n, (_, state) in enumerate(settled):
-            traced[n].settled(state)
-    return settled
+        # The call's time is each span's run time; each span ends with what settling its
+        # job recorded, as settle_chunk() learns it (one write failing leaves the rest known).
+        traced.defer()
+        return settle_chunk(jobs, outcomes, worker_id, output, retrying=retrying, using=using, traced=traced)
 
 
 def attempt_chunk(jobs, worker_id, output, *, abort_probes=None):
@@ -328,11 +328,13 @@ def _storable(value, task):
         return UnstorableResult(exc)
 
 
-def settle_chunk(jobs, outcomes, worker_id, output, *, retrying=None, using=None):
+def settle_chunk(jobs, outcomes, worker_id, output, *, retrying=None, using=None, traced=None):
     """Record each outcome of a chunk (attempt_chunk()): the successes in one transaction
     (complete_many), each failure on its own through settle_failure(), so it follows its
     kind's retry policy; return [(job, new state)] in order. ``retrying(func, *args,
-    **kwargs)`` makes each write (the worker waits out a database outage with it)."""
+    **kwargs)`` makes each write (the worker waits out a database outage with it).
+    ``traced``: the chunk's deferred spans (telemetry.Chunk), each finished with its
+    job's new state once that is recorded."""
     call = retrying or (lambda func, *args, **kwargs: func(*args, **kwargs))
     states = {}
     done = [(job, value) for job, value in zip(jobs, outcomes) if not isinstance(value, BaseException)]
@@ -346,13 +348,17 @@ def settle_chunk(jobs, outcomes, worker_id, output, *, retrying=None, using=None
             now=now,
             using=using,
         )
-        acknowledged(done, completed, now, worker_id=worker_id)
         for job, _ in done:
             states[job.id] = "completed" if job.id in completed else None
+        if traced is not None:
+            for each, job in zip(traced, jobs, strict=True):
+                if job.id in states:
+                    each.finish(states[job.id])
+        acknowledged(done, completed, now, worker_id=worker_id)
     # One exception may fail many jobs (a handler that raised): each is raised from the
     # traceback it came with, so the one recorded does not grow a frame per job.
     tracebacks = {}
-    for job, exc in zip(jobs, outcomes):
+    for n, (job, exc) in enumerate(zip(jobs, outcomes)):
         if not isinstance(exc, BaseException):
             continue
         tb = tracebacks.setdefault(id(exc), exc.__traceback__)
@@ -360,6 +366,8 @@ def settle_chunk(jobs, outcomes, worker_id, output, *, retrying=None, using=None
             raise exc.with_traceback(tb)
         except BaseException as raised:  # what the handler said: recorded as its failure
             states[job.id] = call(settle_failure, job, worker_id, raised, output, using=using)
+        if traced is not None:
+            traced[n].finish(states[job.id])
     return [(job, states[job.id]) for job in jobs]
 
 

@@ -32,7 +32,7 @@ from django.utils import timezone
 
 from queue_app.conf import settings
 from queue_app.core import telemetry, transitions
-from queue_app.exceptions import NotStarted
+from queue_app.exceptions import ClaimNotRead, NotStarted
 from queue_app.handlers import registry
 from queue_app.worker import capture, execution, outages
 from queue_app.worker.wakeup import Waiter
@@ -222,12 +222,17 @@ class Loop:
         self.stopping = threading.Event()
         self.waiter = None
         self.acks = []
+        # The deferred attempt spans of self.acks' jobs (with a tracer provider set): each
+        # ends with what their acknowledgement recorded (telemetry.acknowledged).
+        self.ack_spans = []
         self.acks_since = 0.0
         self.ack_lock = threading.Lock()
         # One acknowledgement in flight at a time: its jobs keep their Slots cells until it
         # commits, and Slots has room for one batch in flight and one filling.
         self.flush_lock = threading.Lock()
         self.claim_errors = 0
+        # A --burst worker's empty claim was tried once more (_next).
+        self.burst_rechecked = False
         # Kinds seen not to be chunked (grouped()); a chunk's room: its thread's Slots cells.
         self.plain = set()
         self.chunk_room = slots.chunk + 1
@@ -298,6 +303,7 @@ class Loop:
                         outages.answered(self.owner)  # the episode's closing line
                     self.claim_errors = 0
                     if jobs:
+                        self.burst_rechecked = False
                         self.slots.leases_hold_until(asked + self.options.lease)
                 except Exception as exc:
                     self.claim_errors += 1
@@ -327,6 +333,14 @@ class Loop:
                     continue
                 # A burst worker leaves when the queue is empty, not when one claim
                 # failed: it retries a few polls first, as a long-running one retries always.
+                # Nor on one empty claim where claims skip locked rows: a ready job another
+                # transaction held for an instant was passed over; a second claim, a poll
+                # later, sees it.
+                if self.options.burst and not self.claim_errors and not self.burst_rechecked:
+                    self.burst_rechecked = transitions.claims_skip_locked()
+                    if self.burst_rechecked:
+                        self.stopping.wait(self.options.poll)
+                        continue
                 if self.options.burst and not 0 < self.claim_errors < BURST_CLAIM_RETRIES:
                     return None
                 try:
@@ -361,20 +375,7 @@ class Loop:
         # The supervisor flags an abort request in this thread's cell (aborting.py).
         probe = functools.partial(self.slots.abort_requested, i, job.id)
         try:
-            while True:
-                try:
-                    self._execute_batched(job, probe)
-                    break
-                except NotStarted as exc:
-                    # Its handler was never called: once the database answers, start it
-                    # (the lease is still ours: the supervisor renews what is running).
-                    if outages.wait_for_database(self.owner, exc.error, self.stopping) is None:
-                        log.warning(
-                            "left unstarted id=%s worker=%s: stopping while the database is away",
-                            job.id,
-                            self.owner,
-                        )
-                        break
+            self._until_started(self._execute_batched, (job, probe), "id=%s", job.id)
         except Exception:
             # Settling failed (database gone?): the lease lapses and recovery takes it back.
             log.exception("could not settle id=%s worker=%s", job.id, self.owner)
@@ -383,6 +384,23 @@ class Loop:
         finally:
             self.slots.clear(i)
             self.slots.add_done()
+
+    def _until_started(self, execute, args, what, *what_args):
+        """execute(*args), again each time it raises NotStarted: its handler was never
+        called, so once the database answers it is started (the lease is still ours: the
+        supervisor renews what is running); not when the worker stops meanwhile, which
+        is said naming ``what % what_args``."""
+        while True:
+            try:
+                return execute(*args)
+            except NotStarted as exc:
+                if outages.wait_for_database(self.owner, exc.error, self.stopping) is None:
+                    log.warning(
+                        "left unstarted %s worker=%s: stopping while the database is away",
+                        what % what_args,
+                        self.owner,
+                    )
+                    return None
 
     def _mark_ran(self, started):
         """Jobs given up on after they ran, {job_id: attempt}: their leases lapse, and
@@ -450,13 +468,16 @@ class Loop:
                     )
                 )
                 return
-            # Acknowledged later, with others (complete_many): the span ends with the handler.
-            traced.settled("completed")
+            # Acknowledged later, with others (complete_many): its span ends then, with
+            # what that recorded (completed, or lost to the fence); its run time ends here.
+            waiting = traced.defer()
         with self.ack_lock:
             if not self.acks:
                 self.acks_since = time.monotonic()
             cell = self.slots.hold_ack(job.id, job.attempts)
             self.acks.append((job.id, job.attempts, result, cell, output.value(), job))
+            if waiting is not None:
+                self.ack_spans.append(waiting)
             due = len(self.acks) >= self.options.batch or time.monotonic() - self.acks_since > ACK_DELAY
         # With nothing left in the buffer this thread's next step is a claim, which takes
         # the acknowledgement along (_settle_and_claim); the flusher bounds the wait if
@@ -482,15 +503,16 @@ class Loop:
     def _flush_acks_locked(self):
         with self.ack_lock:
             acks, self.acks = self.acks, []
+            spans, self.ack_spans = self.ack_spans, []
         if not acks:
             return
         try:
-            self._acknowledge(acks)
+            self._acknowledge(acks, spans)
         finally:
             with self.ack_lock:
                 self.slots.drop_acks([a[3] for a in acks])
 
-    def _acknowledge(self, acks):
+    def _acknowledge(self, acks, spans):
         now = timezone.now()
         try:
             # The jobs keep their Slots cells meanwhile, so the supervisor renews them.
@@ -502,13 +524,21 @@ class Loop:
                 who=self.owner,
                 stopping=self.stopping,
             )
-        except Exception:
+        except Exception as exc:
             # Stopping with the database away (or a bug): the leases lapse and recovery
-            # hands the jobs out again: at-least-once.
+            # hands the jobs out again: at-least-once. Their spans say so: no outcome (it
+            # may have committed, only its answer lost), this error.
+            telemetry.unacknowledged(spans, exc)
             log.exception("could not acknowledge %s jobs worker=%s", len(acks), self.owner)
             connection.close()
             self._mark_ran({a[0]: a[1] for a in acks})
             return
+        self._acknowledged(acks, spans, completed, now)
+
+    def _acknowledged(self, acks, spans, completed, now):
+        """After an acknowledgement of ``acks`` committed ``completed`` (ids): their spans
+        end with it, then task_finished goes out for each (execution.acknowledged)."""
+        telemetry.acknowledged(spans, completed)
         execution.acknowledged([(a[5], a[2]) for a in acks], completed, now, worker_id=self.owner)
 
     def _settle_and_claim(self, limit):
@@ -517,6 +547,7 @@ class Loop:
         with self.flush_lock:
             with self.ack_lock:
                 acks, self.acks = self.acks, []
+                spans, self.ack_spans = self.ack_spans, []
             if not acks:
                 return _claim(self.options, self.owner, limit)
             # One instant for both: the acknowledged jobs' finished_at and the claimed
@@ -529,16 +560,21 @@ class Loop:
                     now=now,
                     **_claim_options(self.options, limit),
                 )
+            except ClaimNotRead as exc:
+                # Committed: the acknowledgements stand (task_finished is owed); what it
+                # leased, the caller's retry path gives back (_release_orphans).
+                self._acknowledged(acks, spans, exc.completed, now)
+                raise
             except Exception:
                 # Both rolled back: acknowledge on their own, and let the caller's retry
                 # path deal with the claim.
                 connection.close()
-                self._acknowledge(acks)
+                self._acknowledge(acks, spans)
                 raise
             finally:
                 with self.ack_lock:
                     self.slots.drop_acks([a[3] for a in acks])
-            execution.acknowledged([(a[5], a[2]) for a in acks], completed, now, worker_id=self.owner)
+            self._acknowledged(acks, spans, completed, now)
             return execution.claimed(jobs, now)
 
     def _release_orphans(self):
@@ -614,19 +650,9 @@ class Loop:
             functools.partial(self.slots.chunk_abort_requested, i, k, job.id) for k, job in enumerate(jobs)
         ]
         try:
-            while True:
-                try:
-                    self._execute_chunk(jobs, probes)
-                    break
-                except NotStarted as exc:
-                    if outages.wait_for_database(self.owner, exc.error, self.stopping) is None:
-                        log.warning(
-                            "left unstarted a chunk of %s kind=%s worker=%s: stopping while the database is away",
-                            len(jobs),
-                            chunk.kind,
-                            self.owner,
-                        )
-                        break
+            self._until_started(
+                self._execute_chunk, (jobs, probes), "a chunk of %s kind=%s", len(jobs), chunk.kind
+            )
         except Exception:
             # As _run: the leases lapse and recovery takes back what did not settle.
             log.exception(

@@ -431,7 +431,7 @@ def test_complete_and_claim_writes_no_event_when_the_claim_fails(monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("claim failed")
 
-    monkeypatch.setattr(transitions, "claim", broken)
+    monkeypatch.setattr(transitions, "_claim", broken)
     with pytest.raises(RuntimeError):
         transitions.complete_and_claim([(j.id, j.attempts, None, None) for j in first], "w1", limit=2)
     assert Event.objects.count() == before

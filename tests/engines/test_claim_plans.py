@@ -8,18 +8,35 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from queue_app import bulk_enqueue
+from queue_app import bulk_enqueue, enqueue
 from queue_app.core import flow, transitions
-from queue_app.models import Job
+from queue_app.models import Event, EventType, Job
+
+
+def _prepared(cursor, sql):
+    """PostgreSQL: the name of the statement psycopg prepared for ``sql`` on this
+    connection (engines/postgresql.py prepares the worker's hot statements), or None."""
+    cursor.execute("SELECT name, statement FROM pg_prepared_statements WHERE NOT from_sql")
+    for name, statement in cursor.fetchall():
+        if re.sub(r"\$\d+", "%s", statement) == sql:
+            return name
+    return None
 
 
 def _plans(sqls):
-    """EXPLAIN each captured statement that reads the job table; return the plan lines."""
+    """EXPLAIN each captured statement that reads the job table; return the plan lines.
+    On PostgreSQL a prepared statement is explained as it runs (EXPLAIN EXECUTE, the
+    parameters as literals): its generic plan once PostgreSQL chose one."""
     out = []
     with connection.cursor() as cursor:
         for sql, params in sqls:
             if connection.vendor == "postgresql":
-                cursor.execute("EXPLAIN " + sql, params)
+                name = _prepared(cursor, sql)
+                if name is None:
+                    cursor.execute("EXPLAIN " + sql, params)
+                else:
+                    marks = ", ".join(["%s"] * len(params))
+                    cursor.execute(f"EXPLAIN EXECUTE {name}({marks})", params)
                 out.extend(row[0] for row in cursor.fetchall())
             elif connection.vendor == "mysql":
                 if not sql.lstrip().upper().startswith(("SELECT", "(SELECT", "UPDATE", "WITH")):
@@ -197,3 +214,39 @@ def test_a_batched_completion_seeks_each_job_by_id():
     else:
         assert "SEARCH queue_app_job USING INTEGER PRIMARY KEY" in text, text
         assert "jq_job_state" not in text, text
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="prepared statements: PostgreSQL's engine")
+@pytest.mark.django_db(transaction=True)
+def test_the_claim_and_the_batched_completion_are_prepared_once_on_postgresql():
+    # Parsed once per connection, not per call (a third of the server's work on a claim);
+    # the plans the tests above check are the prepared statements' own (_plans).
+    now = _seed_analyzed([{"kind": "echo"} for _ in range(200)])
+    for _ in range(3):
+        jobs = transitions.claim("w", limit=10, now=now + timedelta(seconds=1))
+        assert len(jobs) == 10
+        assert transitions.complete_many([(job.id, job.attempts, None) for job in jobs], worker_id="w")
+    runs = _prepared_runs("%queue_app_job%")
+    assert runs == [3, 3], runs
+
+
+def _prepared_runs(pattern):
+    """How many times each statement this connection prepared whose text is LIKE ``pattern`` ran."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT generic_plans + custom_plans FROM pg_prepared_statements"
+            " WHERE NOT from_sql AND statement LIKE %s",
+            [pattern],
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="prepared statements: PostgreSQL's engine")
+@pytest.mark.django_db(transaction=True)
+def test_a_single_enqueue_is_one_prepared_statement_on_postgresql():
+    # The job row, its event and the NOTIFY: parsed and planned once per connection.
+    jobs = [enqueue("echo", {"n": n}) for n in range(3)]
+    assert len({job.id for job in jobs}) == 3
+    runs = _prepared_runs("%INSERT INTO queue_app_job%pg_notify%")
+    assert runs == [3], runs
+    assert Event.objects.filter(job_id__in=[job.id for job in jobs], type=EventType.ENQUEUED).count() == 3

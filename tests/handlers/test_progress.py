@@ -22,6 +22,10 @@ from tests.factories import JobFactory
 from tests.worker_support import lease_settings, start_worker, stop, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
+# The tests that run all they test in this process (no worker process, no second
+# connection) need no commit: a transaction rolled back after each, not a flush of every
+# table.
+in_process = pytest.mark.django_db
 
 
 def halfway(payload):
@@ -91,6 +95,7 @@ def test_progress_of_a_running_job_is_visible_from_another_connection_and_in_his
     assert "progress: 100% (done)" in out and '"rows":7' in out.replace(" ", "")
 
 
+@in_process
 def test_progress_writes_are_throttled_and_the_last_value_lands_when_the_handler_ends(settings):
     settings.JOBQUEUE = lease_settings(PROGRESS_INTERVAL=60)
     job = enqueue("chatty")
@@ -106,6 +111,7 @@ def test_progress_writes_are_throttled_and_the_last_value_lands_when_the_handler
     assert job.id == done.id
 
 
+@in_process
 def test_a_django_task_reports_progress_through_its_context():
     result = context_task.enqueue(rows=12)
 
@@ -116,6 +122,7 @@ def test_a_django_task_reports_progress_through_its_context():
     assert (done.metadata, done.result) == ({"rows": 12}, False)
 
 
+@in_process
 def test_bad_progress_and_metadata_are_refused_and_nothing_is_written():
     job = JobFactory(leased=True)
     with running.activate(job, worker_id="worker-1") as ctx:
@@ -130,6 +137,7 @@ def test_bad_progress_and_metadata_are_refused_and_nothing_is_written():
     assert (job.progress, job.progress_message, job.metadata) == (None, None, None)
 
 
+@in_process
 def test_a_worker_that_lost_its_lease_writes_no_progress_and_is_told_to_stop():
     job = JobFactory(leased=True, lease_owner="someone-else")
     with running.activate(job, worker_id="worker-1") as ctx:
@@ -140,11 +148,13 @@ def test_a_worker_that_lost_its_lease_writes_no_progress_and_is_told_to_stop():
     assert job.progress is None
 
 
+@in_process
 def test_current_job_outside_a_handler_says_where_it_works():
     with pytest.raises(LookupError, match="only available while a queue worker runs"):
         current_job()
 
 
+@in_process
 def test_progress_and_metadata_show_in_the_api_admin_and_dashboard(admin_client):
     job = JobFactory(leased=True, progress=62.5, progress_message="copying files", metadata={"files": 9})
 

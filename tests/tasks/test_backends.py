@@ -70,6 +70,10 @@ def test_enqueue_writes_an_ordinary_job_with_the_task_path_and_arguments():
     assert (result.errors, result.worker_ids, result.started_at, result.finished_at) == ([], [], None, None)
     with pytest.raises(ValueError, match="not finished"):
         result.return_value
+    # Every field set (it is built field by field), the second call's as the first's.
+    assert default_task_backend.get_result(result.id) == result
+    again = tasks.add.enqueue(2, b=3)
+    assert default_task_backend.get_result(again.id) == again
 
 
 @pytest.mark.django_db
@@ -166,6 +170,20 @@ def test_backend_options_give_defaults_for_max_attempts_and_timeout(settings):
     assert (job.max_attempts, job.timeout) == (9, 30.0)
     # A task's own option beats the backend's default.
     assert job_of(tasks.with_extras.enqueue()).max_attempts == 7
+
+
+@pytest.mark.django_db
+def test_a_stored_default_max_attempts_reaches_a_task_already_enqueued_in_this_process():
+    from queue_app.conf import settings as queue_settings
+    from queue_app.core import runtime
+
+    before = job_of(tasks.add.enqueue(1, 2)).max_attempts
+    runtime.set_value("max-attempts", before + 4)
+    # As another process sees it once its read of the table is older than the TTL.
+    queue_settings.reload()
+    assert job_of(tasks.add.enqueue(1, 2)).max_attempts == before + 4
+    runtime.unset("max-attempts")
+    assert job_of(tasks.add.enqueue(1, 2)).max_attempts == before
 
 
 @pytest.mark.django_db

@@ -8,15 +8,16 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from django.db import connection
+from django.db import connection, connections, transaction
 
 from queue_app import bulk_enqueue, engines, enqueue
+from queue_app.core import transitions
 from queue_app.engines.base import WakeUp
 from queue_app.models import EventType, Job, State, Worker, WorkerState
 from queue_app.worker import wakeup
 from queue_app.worker.slots import WakeUps
 from tests.support import event_types
-from tests.worker_support import start_worker, stop, wait_for
+from tests.worker_support import join, start_worker, stop, wait_for
 
 
 def _wakeups():
@@ -135,9 +136,10 @@ def test_a_full_batch_passes_the_wake_up_on_and_a_short_one_waits_for_news_first
 # --- with real processes ---------------------------------------------------------------
 
 
-def _count_claims(monkeypatch, path):
+def _count_claims(monkeypatch, path, after_first=None):
     """Make every engine claim in this process and the workers it forks append one
-    byte to ``path``: 1 if it leased something, 0 if not."""
+    byte to ``path``: 1 if it leased something, 0 if not; the first one then calls
+    ``after_first()`` (in the claiming process) before it returns."""
     engine = type(engines.of(connection))
     real = engine.claim
 
@@ -148,6 +150,8 @@ def _count_claims(monkeypatch, path):
             os.write(fd, b"1" if found else b"0")
         finally:
             os.close(fd)
+        if after_first is not None and path.stat().st_size == 1:
+            after_first()
         return found
 
     monkeypatch.setattr(engine, "claim", counted)
@@ -217,3 +221,56 @@ def test_a_child_that_claims_a_full_batch_wakes_another_idle_child(tmp_path):
 
     # Run side by side, by three children: not one after another by the one woken.
     assert len(set((tmp_path / "m").read_text().split())) == 3
+
+
+def _hold_row_lock(job_id, locked, release, released):
+    """In a forked process: lock job ``job_id``'s row until the file ``release`` exists,
+    then write ``released`` once the lock's transaction has ended."""
+    try:
+        with transaction.atomic():
+            Job.objects.select_for_update().get(id=job_id)
+            locked.write_text("locked")
+            end = time.monotonic() + 30
+            while not release.exists() and time.monotonic() < end:
+                time.sleep(0.02)
+        released.write_text("released")
+    finally:
+        connections.close_all()
+        os._exit(0)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_burst_worker_does_not_leave_after_a_claim_that_passed_over_a_locked_ready_job(
+    monkeypatch, tmp_path
+):
+    """SKIP LOCKED passes over a ready row another transaction holds: that one empty claim
+    does not prove the queue empty, and the worker claims once more, a poll later."""
+    if not transitions.claims_skip_locked():
+        pytest.skip("SQLite's writers take turns: a claim sees every ready row")
+    job = enqueue("echo")
+    locked, release, released = tmp_path / "locked", tmp_path / "release", tmp_path / "released"
+
+    def unlock():
+        # In the worker, after its first (empty) claim: the lock ends before the second
+        # look, however slowly a loaded machine runs the holder.
+        release.write_text("go")
+        wait_for(released.exists, timeout=30, interval=0.02, what="the holder's lock to end")
+
+    claims = _count_claims(monkeypatch, tmp_path / "claims", after_first=unlock)
+    connections.close_all()  # the holder makes its own connection, as the worker does
+    holder = multiprocessing.get_context("fork").Process(
+        target=_hold_row_lock, args=(job.id, locked, release, released)
+    )
+    holder.start()
+    try:
+        wait_for(locked.exists, what="the row lock")
+        proc = start_worker(burst=True, concurrency=1, poll=0.5)
+        wait_for(lambda: claims() != b"", what="the worker's first claim")
+    finally:
+        release.write_text("go")
+        holder.join(30)
+    assert join(proc) == 0
+    job.refresh_from_db()
+    assert job.state == State.COMPLETED
+    # Passed over, then leased; then the empty claim and its second look before leaving.
+    assert claims() == b"0100"
