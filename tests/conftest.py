@@ -4,6 +4,7 @@ import sys
 
 import pytest
 from django.db import connection, connections
+from hypothesis import settings as hypothesis_settings
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -20,6 +21,12 @@ os.environ.setdefault("SECRET_KEY", TEST_SECRET_KEY)
 # manage.py subprocesses inherit this; the test process registers them in pytest_configure.
 os.environ["JOBQUEUE_SAMPLE_HANDLERS"] = "1"
 
+# Hypothesis's per-example deadline (200 ms) is a timing assertion, and the suites share
+# two cores in CI: a 0.15 ms example of the redaction property once took 256 ms there.
+# The properties check rules, not speed (benchmarks/ measure that), so none has a deadline.
+hypothesis_settings.register_profile("jobqueue", deadline=None)
+hypothesis_settings.load_profile("jobqueue")
+
 
 def pytest_configure(config):
     from django.conf import settings
@@ -33,7 +40,50 @@ def pytest_configure(config):
         missing = True
     if missing:
         settings.SECRET_KEY = os.environ["SECRET_KEY"]
+    # WhiteNoise's middleware reads the metadata of every file under STATIC_ROOT each time
+    # it is built, which the tests do for each test client (~290 files once anything has
+    # collected there: the tests that start `manage.py web` do). No in-process test serves
+    # a collected file (live_server serves them from the apps, the servers the tests start
+    # are processes with their own settings), so here the tests' clients read no
+    # directory, as in a fresh checkout, whichever test ran first.
+    settings.STATIC_ROOT = None
     registry.load_samples()
+    _cheaper_flush()
+
+
+# Rows only the migrations' post_migrate handlers make (and no test changes): kept by the
+# tests' flush, so that post_migrate, which runs after every flush, finds them all and
+# inserts nothing, instead of making all of them again after every transaction=True test.
+KEPT_BY_FLUSH = {"django_content_type", "auth_permission"}
+
+
+def _cheaper_flush():
+    """A transaction=True test ends with Django's flush command: every table emptied, then
+    post_migrate. Two things made it cost most of a second on PostgreSQL. There the flush
+    is one TRUNCATE of every table, which gives each of our 33 tables new files and waits on
+    a WAL flush, 0.7-0.9 s whatever the tables hold; DELETE of the few rows a test leaves
+    takes milliseconds, with the same result (every table empty, sequences kept, as the
+    flush without reset_sequences keeps them; Django's foreign keys are checked at the
+    flush's commit, so the order does not matter). MySQL and SQLite flush by DELETE
+    already. And the content types and permissions were deleted and inserted again each
+    time (KEPT_BY_FLUSH). A flush that resets sequences is Django's own."""
+    from django.core.management.commands import flush
+
+    django_sql_flush = flush.sql_flush
+
+    def sql_flush(style, connection, reset_sequences=True, allow_cascade=False):
+        if reset_sequences:
+            return django_sql_flush(style, connection, reset_sequences=True, allow_cascade=allow_cascade)
+        tables = [
+            table
+            for table in connection.introspection.django_table_names(only_existing=True, include_views=False)
+            if table not in KEPT_BY_FLUSH
+        ]
+        if connection.vendor == "postgresql":
+            return [f"DELETE FROM {connection.ops.quote_name(table)};" for table in tables]
+        return connection.ops.sql_flush(style, tables, reset_sequences=False, allow_cascade=allow_cascade)
+
+    flush.sql_flush = sql_flush
 
 
 def pytest_collection_modifyitems(config, items):

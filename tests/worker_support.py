@@ -130,9 +130,15 @@ def kill_survivors():
     return killed
 
 
+# JOBQUEUE_TEST_PATIENCE=N multiplies the waits below: the Django 6.0 repeat runs at nice 19
+# beside the database suites (scripts/test.sh), where a subprocess can get no CPU for 30 s.
+PATIENCE = float(os.environ.get("JOBQUEUE_TEST_PATIENCE") or 1)
+
+
 def join(proc, within=15):
     """Wait for ``proc`` to exit and return its exit code; kill it and fail if it does
     not exit within ``within`` seconds."""
+    within *= PATIENCE
     proc.join(within)
     if proc.is_alive():
         proc.kill()
@@ -146,6 +152,24 @@ def stop(proc, sig=signal.SIGTERM, within=15):
     if proc.is_alive():
         os.kill(proc.pid, sig)
     return join(proc, within)
+
+
+def end_mark(marker):
+    """Append a line to a ``mark`` job's file: one waiting for until_lines it now reaches ends."""
+    with open(marker, "a") as f:
+        f.write("go\n")
+
+
+def end_mark_once_stopping(marker, name=None):
+    """Append the line a running ``mark`` job with until_lines=2 waits for, once its worker
+    has recorded its stop (the supervisor signals its children just after) and a second
+    more: the job then ends after its child was told to stop, however slow the machine."""
+    from queue_app.models import Worker, WorkerState
+
+    workers = Worker.objects.filter(name=name) if name else Worker.objects.all()
+    wait_for(lambda: workers.filter(state=WorkerState.STOPPING).exists(), timeout=60, what="the stop")
+    time.sleep(1)
+    end_mark(marker)
 
 
 def start_worker(**options):
@@ -181,6 +205,7 @@ def run_worker(within=30, **options):
 def wait_for(predicate, timeout=10, interval=0.05, what="condition", proc=None):
     """Poll ``predicate`` until it is true; on timeout fail, with the output of ``proc``
     (a manage() Popen, killed then) if given: what the process said is the diagnosis."""
+    timeout *= PATIENCE
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         value = predicate()
@@ -229,6 +254,7 @@ def read_until(proc, text, timeout=30):
     """Read ``proc``'s output (a manage() Popen) line by line until a line contains
     ``text``; return everything read so far. Fails on timeout or if ``proc`` exits first,
     so a test waits for what it needs to have happened, not for a guessed time."""
+    timeout *= PATIENCE
     lines, found = [], threading.Event()
 
     def pump():

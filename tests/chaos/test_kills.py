@@ -100,6 +100,18 @@ def test_whole_workers_killed_and_restarted_lose_nothing(tmp_path):
     assert all(p.returncode == 0 for p in procs), outs
 
 
+def _until_recovered(ids):
+    """Wait until recovery has taken back one of ``ids``' jobs: the fault must outlast it."""
+    from queue_app.models import Event, EventType
+    from tests.worker_support import wait_for
+
+    wait_for(
+        lambda: Event.objects.filter(job_id__in=ids.values(), type=EventType.RECOVERED).exists(),
+        timeout=60,
+        what="the other worker to recover a lapsed lease",
+    )
+
+
 def test_a_whole_worker_stalled_past_its_lease_then_resumed_loses_nothing_and_its_late_work_is_refused(
     tmp_path,
 ):
@@ -118,7 +130,8 @@ def test_a_whole_worker_stalled_past_its_lease_then_resumed_loses_nothing_and_it
         harness.holding("stalled", "steady")  # both up, and the one to stall holds leases
         frozen = [stalled.pid, *harness.children(stalled.pid)]
         harness.freeze(frozen)
-        time.sleep(3)  # three leases
+        time.sleep(3)  # three leases, and until the steady one took some back (however slow)
+        _until_recovered(ids)
         harness.thaw(frozen)
         connections.close_all()
         took = harness.wait_finished(list(ids.values()))
@@ -163,7 +176,8 @@ def test_a_worker_partitioned_from_the_database_past_its_lease_loses_nothing_whe
     try:
         harness.holding("far", "near")  # both up, and the far one holds leases
         relay.cut()
-        time.sleep(3)  # three leases
+        time.sleep(3)  # three leases, and until the near one took some back (however slow)
+        _until_recovered(ids)
         relay.heal()
         connections.close_all()
         took = harness.wait_finished(list(ids.values()))

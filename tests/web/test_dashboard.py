@@ -40,7 +40,7 @@ from queue_app.templatetags import jobqueue_ui
 from queue_app.worker import schedules as scheduling
 from queue_app.worker.execution import run_one
 from tests.factories import DeadLetterFactory, JobFactory, make_staff
-from tests.worker_support import start_worker, stop, wait_for
+from tests.worker_support import end_mark, start_worker, stop, wait_for
 
 pytestmark = pytest.mark.django_db
 
@@ -996,8 +996,11 @@ def test_every_stamp_and_the_clock_note_use_the_sites_time_zone_24_hour(viewer, 
 
 
 @pytest.mark.django_db(transaction=True)
-def test_running_now_shows_the_thread_a_real_worker_runs_each_job_on(viewer):
-    jobs = [enqueue("sleepy", {"seconds": 4}) for _ in range(2)]
+def test_running_now_shows_the_thread_a_real_worker_runs_each_job_on(viewer, tmp_path):
+    # Both run until the test has read the page (a third line in their file): two 4 s jobs
+    # could end before a loaded machine's heartbeat and page caught them running.
+    marks = tmp_path / "marks"
+    jobs = [enqueue("mark", {"path": str(marks), "seconds": 60, "until_lines": 3}) for _ in range(2)]
     ids = {str(j.id) for j in jobs}
     proc = start_worker(name="threads", concurrency=1, threads=2, batch=2, heartbeat=0.2)
     try:
@@ -1018,6 +1021,7 @@ def test_running_now_shows_the_thread_a_real_worker_runs_each_job_on(viewer):
         assert {rows[j.id]["worker"] for j in jobs} == {"threads"}
         assert response.content.decode().count("<td data-thread>") == 2
     finally:
+        end_mark(marks)
         stop(proc, within=30)
     # Stopped: it runs nothing, so it shows no thread.
     assert Worker.objects.get(name="threads").running_threads == {}

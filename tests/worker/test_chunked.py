@@ -374,9 +374,9 @@ def test_an_abort_of_one_job_in_a_running_chunk_cancels_it_when_the_call_returns
     wait_for(lambda: path.exists(), what="the chunk to start")
 
     aborting.cancel(jobs[1].id, reason="operator")
-    # Sixty looks of the supervisor (nothing outside the child shows its flag): it has
+    # 120 looks of the supervisor (nothing outside the child shows its flag): it has
     # flagged the job by then; the handler is not killed, its call goes on.
-    time.sleep(60 * 0.05)
+    time.sleep(120 * 0.05)
     go.write_text("go")
     wait_for(
         lambda: (

@@ -181,14 +181,15 @@ def test_error_message_quotes_only_the_end_of_a_long_stderr(shell_on):
 
 @pytest.mark.django_db
 def test_command_that_overruns_the_job_timeout_is_killed_and_keeps_its_output(shell_on):
-    job = enqueue("shell", {"command": "sh -c 'echo started; sleep 30'"}, timeout=0.5)
+    # 3 s for sh to start and echo before the kill (0.5 s is little on a loaded machine).
+    job = enqueue("shell", {"command": "sh -c 'echo started; sleep 30'"}, timeout=3)
 
     run_one()
 
     job.refresh_from_db()
     assert job.state == State.PENDING  # a failed attempt with attempts left
     assert job.last_error["type"] == "TimeoutError"
-    assert "0.5s timeout" in job.last_error["message"]
+    assert "3s timeout" in job.last_error["message"]
     assert only_event(job, EventType.FAILED).metadata["output"] == {"stdout": "started\n"}
 
 

@@ -14,6 +14,7 @@ from queue_app import bulk_enqueue, enqueue
 from queue_app.core import aborting, transitions
 from queue_app.models import DeadLetter, EventType, Job, State, Worker, WorkerState
 from queue_app.worker import loop as worker
+from tests import worker_support
 from tests.support import event_types as events
 from tests.support import lapse
 from tests.worker_support import lease_settings, run_worker, start_worker, stop, wait_for
@@ -231,11 +232,12 @@ def test_default_timeout_applies_to_jobs_that_set_none(settings):
 
 
 def test_long_job_keeps_its_lease_through_heartbeats_while_recovery_runs():
-    job = enqueue("sleepy", {"seconds": 4.5})
+    job = enqueue("sleepy", {"seconds": 7.5})
 
-    # Recovery sweeps every 0.2s: had the 3s lease lapsed (twice over), it would take the
-    # job back; heartbeats every second keep renewing it.
-    assert run_worker(burst=True, lease=3.0, recovery_interval=0.2) == 0
+    # Recovery sweeps every 0.2s: had the 5s lease lapsed, it would take the job back;
+    # heartbeats every half second keep renewing it (a lease of 3 s renewed every second
+    # lapsed on a loaded CI machine, whose supervisor went 3 s without a turn).
+    assert run_worker(burst=True, lease=5.0, heartbeat=0.5, recovery_interval=0.2) == 0
 
     job.refresh_from_db()
     assert job.state == State.COMPLETED
@@ -245,12 +247,15 @@ def test_long_job_keeps_its_lease_through_heartbeats_while_recovery_runs():
 
 def test_sigterm_finishes_the_running_job_and_releases_the_claimed_ones(tmp_path):
     marker = tmp_path / "started"
-    first = enqueue("mark", {"path": str(marker), "seconds": 1.0}, priority=10)
+    # Until the stop has reached the worker (end_mark_once_stopping), not a fixed second.
+    first = enqueue("mark", {"path": str(marker), "seconds": 60, "until_lines": 2}, priority=10)
     rest = bulk_enqueue([{"kind": "echo"}] * 4)
-    proc = start_worker(concurrency=1, batch=5, grace=20)
+    proc = start_worker(concurrency=1, batch=5, grace=90)
     wait_for(marker.exists, what="the first job to start")
 
-    assert stop(proc) == 0
+    os.kill(proc.pid, signal.SIGTERM)
+    worker_support.end_mark_once_stopping(marker)
+    assert worker_support.join(proc, within=60) == 0
 
     first.refresh_from_db()
     assert first.state == State.COMPLETED
@@ -422,7 +427,7 @@ def test_an_acknowledgement_whose_combined_claim_fails_is_still_recorded_once(mo
     from queue_app.worker.slots import Budget, Slots
 
     jobs = bulk_enqueue([{"kind": "echo", "payload": {"n": n}} for n in range(3)])
-    real_claim, calls = transitions.claim, []
+    real_claim, calls = transitions._claim, []
 
     def flaky_claim(*args, **kwargs):
         calls.append(1)
@@ -430,7 +435,7 @@ def test_an_acknowledgement_whose_combined_claim_fails_is_still_recorded_once(mo
             raise RuntimeError("injected: the claim's transaction fails")
         return real_claim(*args, **kwargs)
 
-    monkeypatch.setattr(transitions, "claim", flaky_claim)
+    monkeypatch.setattr(transitions, "_claim", flaky_claim)
     # Loop.run() sets a child's signal handlers: keep pytest's own.
     monkeypatch.setattr(worker.signal, "signal", lambda *args: None)
     options = worker.Options(batch=1, burst=True, concurrency=1, poll=0.01).resolved()
@@ -444,3 +449,39 @@ def test_an_acknowledgement_whose_combined_claim_fails_is_still_recorded_once(mo
         job.refresh_from_db()
         assert job.state == State.COMPLETED
         assert events(job) == [EventType.ENQUEUED, EventType.CLAIMED, EventType.COMPLETED]
+
+
+def test_a_claim_whose_rows_cannot_be_read_keeps_its_acknowledgements(monkeypatch, caplog):
+    """complete_and_claim reads the claimed rows after its commit (SQLite's write lock is
+    not held for it). When that read fails, the acknowledgements it committed stand: the
+    worker reports them (no second acknowledgement, no "lease lost"), gives back the
+    jobs the claim leased (release_orphans) and runs them later, each once."""
+    import multiprocessing
+
+    from queue_app.engines import rows
+    from queue_app.worker.slots import Budget, Slots
+
+    jobs = bulk_enqueue([{"kind": "echo", "payload": {"n": n}} for n in range(3)])
+    real_jobs, reads = rows.JobReader.jobs, []
+
+    def flaky_read(self, found):
+        reads.append(len(found))
+        if len(reads) == 2:  # the read after the first claim that carried an acknowledgement
+            raise RuntimeError("injected: reading the claimed rows fails")
+        return real_jobs(self, found)
+
+    monkeypatch.setattr(rows.JobReader, "jobs", flaky_read)
+    monkeypatch.setattr(worker.signal, "signal", lambda *args: None)
+    options = worker.Options(batch=1, burst=True, concurrency=1, poll=0.01).resolved()
+    loop = worker.Loop(
+        options, "in-process/0.1", Slots(1, 4, buffered=1), Budget(multiprocessing.get_context("fork"), None)
+    )
+    loop.run()
+
+    assert len(reads) >= 4  # the failed read's claim was given back and claimed again
+    assert "lease lost" not in caplog.text
+    for job in jobs:
+        job.refresh_from_db()
+        assert job.state == State.COMPLETED
+        assert events(job)[-2:] == [EventType.CLAIMED, EventType.COMPLETED]
+        assert events(job).count(EventType.COMPLETED) == 1

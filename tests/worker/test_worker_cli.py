@@ -19,6 +19,7 @@ from django.utils import timezone
 from queue_app import bulk_enqueue, enqueue
 from queue_app.models import EventType, Job, State, Worker, WorkerState
 from queue_app.worker import loop as worker
+from tests import worker_support
 from tests.factories import WorkerFactory
 from tests.worker_support import manage, read_until, wait_for
 
@@ -38,13 +39,16 @@ def finish(proc, within=20):
 
 def test_runworker_on_sigterm_finishes_its_job_releases_the_rest_and_exits_0(tmp_path):
     marker = tmp_path / "started"
-    first = enqueue("mark", {"path": str(marker), "seconds": 0.5}, priority=5)
+    # The first job runs until the test appends a line, after the stop has reached the
+    # worker: a fixed half-second job ended before a loaded machine delivered it.
+    first = enqueue("mark", {"path": str(marker), "seconds": 60, "until_lines": 2}, priority=5)
     rest = bulk_enqueue([{"kind": "echo"}] * 3)
     proc = manage(*RUNWORKER, "--name", "cli-term", "--batch", "10")
     wait_for(marker.exists, timeout=90, what="the first job to start", proc=proc)
 
     proc.send_signal(signal.SIGTERM)
-    code, out = finish(proc)
+    worker_support.end_mark_once_stopping(marker, "cli-term")
+    code, out = finish(proc, within=60)
 
     assert code == 0, out
     assert "stopped" in out
