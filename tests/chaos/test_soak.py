@@ -54,6 +54,9 @@ def test_a_soak_with_a_worker_killed_at_a_steady_beat_loses_nothing_and_leaks_no
             0
         ]
         time.sleep(0.5)  # past its first jobs: imports and caches warm
+        assert child in harness.children(steady.pid), (
+            f"the steady worker's child {child} was replaced before any kill; its output: {''.join(steady.lines)}"
+        )
         rss.append(rss_kib(child))
         end = time.monotonic() + 600
         while time.monotonic() < end and (kills < 3 or sum(harness.runs(marker).values()) < total * 0.95):
