@@ -298,7 +298,13 @@ class PostgresEngine(Engine):
         -- the planner may hash-join the candidates against every pending row.
         -- run_at again: under FOR UPDATE, PostgreSQL re-checks only this WHERE against the
         -- newest row version, and a candidate may have been retried into the future since.
-        WHERE j.id = ANY(ARRAY(SELECT id FROM candidates)) AND j.state = 'pending' AND j.run_at <= %s
+        -- IS NOT DISTINCT FROM, not =, on the NOT NULL state: the same test, but one that
+        -- does not imply the ready indexes' WHERE state = 'pending', so the planner cannot
+        -- take one of them instead of the probe (without statistics, on a table filled
+        -- since the last ANALYZE, it scanned jq_ready_tenant for run_at <= now: 2.6 ms of a
+        -- 3.6 ms claim of 10, against 0.6 ms with the probe).
+        WHERE j.id = ANY(ARRAY(SELECT id FROM candidates))
+              AND j.state IS NOT DISTINCT FROM 'pending' AND j.run_at <= %s
         ORDER BY {eff} DESC, j.run_at, j.created_at, j.id
         LIMIT {limit}
         FOR UPDATE SKIP LOCKED
