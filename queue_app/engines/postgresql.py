@@ -384,8 +384,9 @@ class PostgresEngine(Engine):
     ),
     picked AS MATERIALIZED (
         SELECT j.id FROM ranked r JOIN {TABLE} j ON j.id = ANY(r.ids)
-        -- run_at again, as in claim(): FOR UPDATE re-checks only this WHERE.
-        WHERE j.state = 'pending' AND j.run_at <= %s
+        -- run_at again, as in claim(): FOR UPDATE re-checks only this WHERE; and the
+        -- state as there, in a form no ready index's WHERE follows from.
+        WHERE j.state IS NOT DISTINCT FROM 'pending' AND j.run_at <= %s
         ORDER BY array_position(r.ids, j.id)
         LIMIT %s
         FOR UPDATE OF j SKIP LOCKED
