@@ -66,6 +66,24 @@ def _seed_analyzed(specs):
     return timezone.now()
 
 
+def _claim_explained(wanted, **claim):
+    """transitions.claim("w", **claim) in a transaction rolled back after: return its
+    jobs, the statements ``wanted(sql)`` picked out, and their plans (_plans)."""
+    captured = []
+
+    def capture(execute, sql, params, many, context):
+        if wanted(sql):
+            captured.append((sql, params))
+        return execute(sql, params, many, context)
+
+    with transaction.atomic():
+        with connection.execute_wrapper(capture):
+            jobs = transitions.claim("w", **claim)
+        plans = _plans(captured)
+        transaction.set_rollback(True)
+    return jobs, captured, plans
+
+
 def _assert_seeks(plans, *indexes):
     """No plan line scans the whole job table, and each of ``indexes`` is used."""
     text = "\n".join(plans)
@@ -94,21 +112,14 @@ def test_the_claim_seeks_indexes_and_never_scans_the_job_table():
         ]
     )
     for queues in (None, ["b"]):
-        captured = []
-
-        def capture(execute, sql, params, many, context, captured=captured):
-            if ("queue_app_job" in sql and "levels" in sql) or "priority" in sql:
-                captured.append((sql, params))
-            return execute(sql, params, many, context)
-
-        with transaction.atomic():
-            with connection.execute_wrapper(capture):
-                jobs = transitions.claim(
-                    "w", limit=10, queues=queues, aging=30, now=now + timedelta(seconds=1)
-                )
-            assert len(jobs) == 10
-            plans = _plans(captured)
-            transaction.set_rollback(True)
+        jobs, _, plans = _claim_explained(
+            lambda sql: ("queue_app_job" in sql and "levels" in sql) or "priority" in sql,
+            limit=10,
+            queues=queues,
+            aging=30,
+            now=now + timedelta(seconds=1),
+        )
+        assert len(jobs) == 10
         assert plans, "no claim statement was captured"
         _assert_seeks(plans, "jq_ready")
 
@@ -124,19 +135,10 @@ def test_a_per_key_claim_seeks_indexes_and_never_scans_the_job_table():
     )
     # Keys already at their limit: the claim below counts them and excludes them.
     assert len(transitions.claim("w0", limit=10, now=now + timedelta(seconds=1))) == 10
-    captured = []
-
-    def capture(execute, sql, params, many, context):
-        if "queue_app_job" in sql:
-            captured.append((sql, params))
-        return execute(sql, params, many, context)
-
-    with transaction.atomic():
-        with connection.execute_wrapper(capture):
-            jobs = transitions.claim("w", limit=10, aging=30, now=now + timedelta(seconds=1))
-        assert len({j.concurrency_key for j in jobs}) == len(jobs) == 10
-        plans = _plans(captured)
-        transaction.set_rollback(True)
+    jobs, captured, plans = _claim_explained(
+        lambda sql: "queue_app_job" in sql, limit=10, aging=30, now=now + timedelta(seconds=1)
+    )
+    assert len({j.concurrency_key for j in jobs}) == len(jobs) == 10
     assert any("GROUP BY" in sql for sql, _ in captured), "the per-key count was not captured"
     _assert_seeks(plans, "jq_job_state_kind_queue", "jq_ready")
 
@@ -156,19 +158,10 @@ def test_a_fair_claim_seeks_the_tenant_index_and_never_scans_the_job_table():
             for i in range(1000)
         ]
     )
-    captured = []
-
-    def capture(execute, sql, params, many, context):
-        if "queue_app_job" in sql:
-            captured.append((sql, params))
-        return execute(sql, params, many, context)
-
-    with transaction.atomic():
-        with connection.execute_wrapper(capture):
-            jobs = transitions.claim("w", limit=10, aging=30, now=now + timedelta(seconds=1))
-        assert len({j.concurrency_key for j in jobs}) == len(jobs) == 10
-        plans = _plans(captured)
-        transaction.set_rollback(True)
+    jobs, captured, plans = _claim_explained(
+        lambda sql: "queue_app_job" in sql, limit=10, aging=30, now=now + timedelta(seconds=1)
+    )
+    assert len({j.concurrency_key for j in jobs}) == len(jobs) == 10
     assert any("concurrency_key" in sql and "ORDER BY" in sql for sql, _ in captured), "no fair seek captured"
     assert None in {j.concurrency_key for j in jobs}  # the keyless tenant's seek ran too
     _assert_seeks(plans, "jq_ready_tenant")
@@ -263,19 +256,8 @@ def test_the_claims_lock_step_probes_the_primary_key_even_when_statistics_are_st
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE queue_app_job")
     bulk_enqueue([{"kind": "echo"} for _ in range(5000)])
-    captured = []
-
-    def capture(execute, sql, params, many, context):
-        if "levels" in sql:
-            captured.append((sql, params))
-        return execute(sql, params, many, context)
-
-    with transaction.atomic():
-        with connection.execute_wrapper(capture):
-            jobs = transitions.claim("w", limit=10, queues=["default"], aging=30)
-        assert len(jobs) == 10
-        plans = _plans(captured)
-        transaction.set_rollback(True)
+    jobs, _, plans = _claim_explained(lambda sql: "levels" in sql, limit=10, queues=["default"], aging=30)
+    assert len(jobs) == 10
     text = "\n".join(plans)
     assert "CTE picked" in text, text
     picked = text.split("CTE picked", 1)[1].split("CTE leased", 1)[0]
