@@ -157,6 +157,33 @@ def test_the_pause_refresh_button_stops_updates_until_resumed(page):
     assert "UTC" in page.inner_text("#live-status")
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_refresh_in_flight_when_paused_changes_nothing(page):
+    """Pause while a refresh is on its way: its answer, arriving after, must neither
+    show the new counts nor say "Updated" (a CI run caught that race)."""
+    page.wait_for_function("() => Number(document.getElementById('live').dataset.swaps || 0) >= 1")
+    held = []
+
+    def hold(route):
+        held.append(route)
+
+    page.route(re.compile(r"[?&]partial=1"), hold)
+    enqueue("echo", {})
+    page.wait_for_timeout(50)
+    deadline = timezone.now() + timedelta(seconds=10)
+    while not held and timezone.now() < deadline:
+        page.wait_for_timeout(50)  # Playwright hands the held request over while it waits
+    assert held, "no refresh was sent"
+    page.click("#live-toggle")
+    held[0].continue_()
+    page.wait_for_timeout(1500)
+    page.unroute(re.compile(r"[?&]partial=1"))
+    assert count(page, "pending") == "0"
+    assert "Paused" in page.inner_text("#live-status")
+    page.click("#live-toggle")
+    wait_for_count(page, "pending", "1")
+
+
 def mark_focused(tab):
     """Tag the focused element (a property on the node itself, which a swap would lose)."""
     tab.evaluate("() => { document.activeElement.__marked = true; }")

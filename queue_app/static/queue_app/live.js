@@ -91,6 +91,8 @@
         return response.text();
       })
       .then(function (html) {
+        // Paused or hidden while it was in flight: nothing may change until resumed.
+        if (userPaused || document.hidden) return;
         if (pointerOnRows()) return;  // the pointer came in meanwhile
         if (html !== last) morph(html);
         last = html;
@@ -99,6 +101,7 @@
         say("Updated " + clock() + " · refreshes every " + every / 1000 + " s while visible");
       })
       .catch(function (err) {
+        if (userPaused || document.hidden) return;
         say("Refresh failed (" + err.message + "); retrying. Reload the page to log in again.", true);
       })
       .then(function () { busy = false; });
